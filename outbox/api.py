@@ -1,0 +1,192 @@
+"""``Outbox``: the library's front door (contract section 9).
+
+Opening migrates the database and repairs the mirrors; ``add`` is the durable write; delivery
+(``drain``) loads the dispatcher and sinks only when called, so a process that only writes
+never imports them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection
+
+from outbox.config import Settings, load_settings
+from outbox.mirror.jsonl import JsonlLog
+from outbox.mirror.lock import MirrorLock
+from outbox.mirror.repair import MirrorSync, RepairReport
+from outbox.mirror.verify import VerifyReport, verify
+from outbox.receipt import Receipt
+from outbox.record import DEFAULT_IMPORTANCE, Record, build_record
+from outbox.store import migrate
+from outbox.store.engine import make_engine
+from outbox.store.storage import STATES, Storage
+from outbox.write import Writer
+
+if TYPE_CHECKING:
+    from outbox.dispatch.dispatcher import DrainReport
+
+
+@dataclass(frozen=True)
+class SinkStatus:
+    sink: str
+    counts: dict[str, int]
+    oldest_pending_age: float | None
+
+
+class Outbox:
+    """An open outbox: database, mirrors and settings."""
+
+    def __init__(self, settings: Settings, *, repair: bool = True) -> None:
+        self.settings = settings
+        self.engine = make_engine(settings, writer=True)
+        self.reader = make_engine(settings, writer=False) if settings.is_sqlite else self.engine
+        migrate.upgrade(self.engine)
+        self.storage = Storage(self.engine, self.reader)
+        self.jsonl = JsonlLog(settings.jsonl_path)
+        self.lock = MirrorLock(settings.jsonl_path.with_name(settings.jsonl_path.name + ".lock"))
+        self.writer = Writer(
+            self.storage,
+            sinks=settings.sinks,
+            jsonl=self.jsonl,
+            lock=self.lock,
+            markdown_dir=settings.markdown_dir,
+            origin=settings.mirror_id,
+            busy_timeout=settings.busy_timeout,
+        )
+        self.mirrors = MirrorSync(
+            self.storage, self.jsonl, settings.markdown_dir, settings.mirror_id
+        )
+        self.last_repair: RepairReport | None = None
+        if repair:
+            self.sync_mirrors()
+
+    @classmethod
+    def open(cls, settings: Settings | None = None, **overrides: Any) -> Outbox:
+        """Open with settings from the environment, YAML file and defaults (keywords win)."""
+        if settings is None:
+            settings = load_settings(**overrides)
+        settings.home.mkdir(parents=True, mode=0o700, exist_ok=True)
+        return cls(settings)
+
+    # -- writing --------------------------------------------------------------------------
+
+    def prepare(
+        self,
+        content: object,
+        importance: object = DEFAULT_IMPORTANCE,
+        tags: Iterable[object] | None = None,
+        timestamp: str | datetime | None = None,
+        slug: object = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Record:
+        """Validate and build a record without writing it (raises ValidationError)."""
+        return build_record(
+            content,
+            importance=importance,
+            tags=tags,
+            timestamp=timestamp,
+            slug=slug,
+            metadata=metadata,
+            min_length=self.settings.min_content_length,
+            max_bytes=self.settings.max_content_bytes,
+        )
+
+    def add(
+        self,
+        content: object,
+        importance: object = DEFAULT_IMPORTANCE,
+        tags: Iterable[object] | None = None,
+        timestamp: str | datetime | None = None,
+        slug: object = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Receipt:
+        """Validate, commit record + graph node + outbox rows in one transaction, mirror."""
+        record = self.prepare(content, importance, tags, timestamp, slug, metadata)
+        (accepted,) = self.writer.commit([record])
+        return self.writer.receipt(accepted)
+
+    def add_many(self, items: Iterable[Mapping[str, Any] | str]) -> list[Receipt]:
+        """Many records in one transaction: all are validated first, then all or none commit."""
+        prepared = [
+            self.prepare(item) if isinstance(item, str) else self.prepare(**dict(item))
+            for item in items
+        ]
+        return [self.writer.receipt(item) for item in self.writer.commit(prepared)]
+
+    def enqueue(self, conn: Connection, content: object, **fields: Any) -> Receipt:
+        """Write inside the caller's own transaction (the transactional outbox pattern).
+
+        The row commits or rolls back with the caller's rows. Its mirrors are written by the
+        next ``sync_mirrors()`` (call it after committing; open and the dispatcher also do).
+        """
+        record = self.prepare(content, **fields)
+        accepted = self.writer.insert(conn, record, time.time())
+        return self.writer.receipt(accepted)
+
+    # -- mirrors, status, verification ----------------------------------------------------
+
+    def sync_mirrors(self) -> RepairReport:
+        """Write whatever the mirrors lack (crash leftovers, enqueued records, deliveries)."""
+        with self.lock.hold():
+            self.last_repair = self.mirrors.run()
+        return self.last_repair
+
+    def verify(self) -> VerifyReport:
+        with self.lock.hold():
+            return verify(
+                self.storage, self.jsonl, self.settings.markdown_dir, self.settings.mirror_id
+            )
+
+    def status(self) -> dict[str, Any]:
+        counts = self.storage.counts()
+        oldest = self.storage.oldest_pending()
+        now = time.time()
+        sinks = list(dict.fromkeys([*self.settings.sinks, *counts]))
+        per_sink = {
+            sink: {
+                **counts.get(sink, dict.fromkeys(STATES, 0)),
+                "oldest_pending_age": round(now - oldest[sink], 3) if sink in oldest else None,
+            }
+            for sink in sinks
+        }
+        return {
+            "records": self.storage.count_records(),
+            "sinks": per_sink,
+            "dead_letters": sum(entry["dead"] for entry in per_sink.values()),
+            "database": self.settings.db_url,
+            "jsonl_path": str(self.settings.jsonl_path),
+            "markdown_dir": str(self.settings.markdown_dir),
+        }
+
+    # -- delivery -------------------------------------------------------------------------
+
+    def drain(self, timeout: float | None = None, **options: Any) -> DrainReport:
+        """Deliver what is due to every sink, then return (loads sinks on first use)."""
+        from outbox.dispatch.dispatcher import Dispatcher
+
+        with Dispatcher(self, **options) as dispatcher:
+            return dispatcher.drain(timeout=timeout)
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    @property
+    def markdown_dir(self) -> Path:
+        return self.settings.markdown_dir
+
+    def close(self) -> None:
+        self.lock.close()
+        self.engine.dispose()
+        if self.reader is not self.engine:
+            self.reader.dispose()
+
+    def __enter__(self) -> Outbox:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()

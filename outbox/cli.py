@@ -1,0 +1,184 @@
+"""The ``outbox`` command (contract section 8).
+
+Errors are one line on stderr, never a traceback; ``--json`` prints one object on stdout.
+Heavy modules are imported inside the command that needs them so ``outbox add`` starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from outbox.errors import ConfigError, OutboxError, ValidationError
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+
+
+def _emit(args: argparse.Namespace, payload: dict[str, Any], text: str) -> None:
+    if getattr(args, "json", False):
+        sys.stdout.write(json.dumps(payload, ensure_ascii=False, default=str) + "\n")
+    elif text:
+        sys.stdout.write(text.rstrip("\n") + "\n")
+
+
+def _fail(message: str, code: int) -> int:
+    sys.stderr.write(f"outbox: {message}\n")
+    return code
+
+
+def _open() -> Any:
+    from outbox.api import Outbox
+
+    return Outbox.open()
+
+
+# -- add ---------------------------------------------------------------------------------
+
+
+def _read_content(text: str | None) -> str:
+    if text is not None and text != "-":
+        return text
+    if text is None and sys.stdin.isatty():
+        raise ValidationError("content", "give TEXT, or - to read it from standard input")
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValidationError("content", "standard input is not valid UTF-8") from None
+
+
+def cmd_add(args: argparse.Namespace) -> int:
+    from outbox.config import load_settings
+    from outbox.record import build_record
+
+    settings = load_settings()
+    content = _read_content(args.text)
+    # Validate before opening anything, so bad input leaves no trace at all.
+    build_record(
+        content,
+        importance=args.importance,
+        tags=args.tag,
+        timestamp=args.timestamp,
+        slug=args.slug,
+        min_length=settings.min_content_length,
+        max_bytes=settings.max_content_bytes,
+    )
+    from outbox.api import Outbox
+
+    with Outbox.open(settings) as ob:
+        receipt = ob.add(
+            content,
+            importance=args.importance,
+            tags=args.tag,
+            timestamp=args.timestamp,
+            slug=args.slug,
+        )
+    _emit(args, receipt.to_dict(), receipt.text)
+    return EXIT_OK
+
+
+# -- status / verify ---------------------------------------------------------------------
+
+
+def _status_text(status: dict[str, Any]) -> str:
+    lines = [f"records: {status['records']}"]
+    header = f"{'sink':<24}{'pending':>9}{'leased':>8}{'delivered':>11}{'dead':>6}  oldest pending"
+    lines.append(header)
+    for sink, row in status["sinks"].items():
+        age = row["oldest_pending_age"]
+        age_text = "-" if age is None else f"{age:.1f}s"
+        lines.append(
+            f"{sink:<24}{row['pending']:>9}{row['leased']:>8}{row['delivered']:>11}"
+            f"{row['dead']:>6}  {age_text}"
+        )
+    lines.append(f"dead letters: {status['dead_letters']}")
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with _open() as ob:
+        status = ob.status()
+    _emit(args, status, _status_text(status))
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    with _open() as ob:
+        report = ob.verify()
+    payload = {
+        "ok": report.ok,
+        "records": report.records,
+        "jsonl_lines": report.jsonl_lines,
+        "markdown_files": report.markdown_files,
+        "problems": report.problems,
+    }
+    summary = (
+        f"{'OK' if report.ok else 'MISMATCH'}: {report.records} records, "
+        f"{report.jsonl_lines} JSONL lines, {report.markdown_files} markdown files"
+    )
+    _emit(args, payload, "\n".join([summary, *report.problems]))
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+# -- parser ------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="outbox", description="Durable, never-lying write path for agent memory."
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO on stderr")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(
+        name: str,
+        handler: Callable[[argparse.Namespace], int],
+        help_text: str,
+        json_flag: bool = True,
+    ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        if json_flag:
+            sub.add_argument("--json", action="store_true", help="print one JSON object")
+        sub.set_defaults(handler=handler)
+        return sub
+
+    add = command("add", cmd_add, "one durable write (TEXT, or - for standard input)")
+    add.add_argument("text", nargs="?", metavar="TEXT")
+    add.add_argument("--importance", type=str, default="5", help="1..10 (default 5)")
+    add.add_argument("--tag", action="append", default=[], help="a tag; repeat for more")
+    add.add_argument("--timestamp", help="ISO 8601 instant (default: now)")
+    add.add_argument("--slug", help="markdown file slug (default: derived from the content)")
+
+    command("status", cmd_status, "counts per sink and state, oldest pending age, dead letters")
+    command("verify", cmd_verify, "check that mirrors and database agree")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed its one-line usage error
+        return EXIT_INVALID if exc.code not in (0, None) else EXIT_OK
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="outbox: %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.handler(args))
+    except (ValidationError, ConfigError) as exc:
+        return _fail(str(exc), EXIT_INVALID)
+    except OutboxError as exc:
+        return _fail(str(exc), EXIT_FAILED)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    except Exception as exc:  # the contract forbids tracebacks on the command line
+        return _fail(f"{exc.__class__.__name__}: {exc}", EXIT_FAILED)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,215 @@
+"""Settings: defaults < YAML file < environment < keyword overrides (contract section 6).
+
+Every value is checked here, before anything opens a file, so a bad setting is one clear error
+naming the setting and nothing is written.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from outbox.errors import ConfigError
+
+ENV_PREFIX = "OUTBOX_"
+BUILTIN_SINKS = ("chroma", "brainlayer")
+SYNCHRONOUS_MODES = ("FULL", "NORMAL", "EXTRA")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_DURATION_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Resolved configuration. Paths are as given (relative ones resolve against the cwd)."""
+
+    home: Path = Path(".outbox")
+    db_url: str = ""
+    jsonl_path: Path = Path()
+    markdown_dir: Path = Path("docs.local/decisions")
+    sinks: tuple[str, ...] = ("chroma",)
+    chroma_path: Path = Path()
+    chroma_url: str | None = None
+    chroma_collection: str = "agent-memory"
+    brainlayer_db: Path | None = None
+    embedding: str = "minilm"
+    max_retries: int = 10
+    batch_size: int = 64
+    poll_interval: float = 1.0
+    retention: float = 7 * 86400.0
+    min_content_length: int = 1
+    max_content_bytes: int = 1_048_576
+    busy_timeout: float = 5.0
+    synchronous: str = "FULL"
+    lease_seconds: float = 60.0
+    sink_timeout: float = 25.0
+    mirror_id: str = field(default_factory=socket.gethostname)
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.db_url.startswith("sqlite")
+
+
+def _as_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(name, f"expected a whole number, got {value!r}")
+    try:
+        number = int(str(value).strip()) if not isinstance(value, int) else value
+    except ValueError:
+        raise ConfigError(name, f"expected a whole number, got {value!r}") from None
+    if number < minimum or (maximum is not None and number > maximum):
+        upper = f"..{maximum}" if maximum is not None else " or more"
+        raise ConfigError(name, f"must be {minimum}{upper}, got {number}")
+    return number
+
+
+def _as_seconds(name: str, value: Any, minimum: float = 0.0) -> float:
+    """Seconds, as a number or with a unit suffix: ``30``, ``2.5s``, ``10m``, ``12h``, ``7d``."""
+    if isinstance(value, bool):
+        raise ConfigError(name, f"expected a duration, got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise ConfigError(
+                name, f"expected seconds or a duration like 30s, 10m, 7d; got {value!r}"
+            )
+        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    if seconds < minimum or seconds != seconds:
+        raise ConfigError(name, f"must be at least {minimum} seconds, got {value!r}")
+    return seconds
+
+
+def _as_sinks(value: Any) -> tuple[str, ...]:
+    items = value if isinstance(value, list | tuple) else str(value).split(",")
+    sinks: list[str] = []
+    for item in items:
+        name = str(item).strip()
+        if not name:
+            continue
+        if name not in BUILTIN_SINKS and not re.fullmatch(r"[\w.]+:[\w.]+", name):
+            raise ConfigError(
+                "OUTBOX_SINKS", f"unknown sink {name!r} (use chroma, brainlayer or module:attr)"
+            )
+        if name not in sinks:
+            sinks.append(name)
+    if not sinks:
+        raise ConfigError("OUTBOX_SINKS", "names no sink")
+    return tuple(sinks)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError("OUTBOX_CONFIG", f"cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(
+            "OUTBOX_CONFIG", f"{path} is not valid YAML ({exc.__class__.__name__})"
+        ) from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError("OUTBOX_CONFIG", f"{path} must hold a mapping of settings")
+    return loaded
+
+
+_NAMES = {f.name for f in fields(Settings)}
+
+
+def _gather(env: Mapping[str, str], overrides: Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
+    """Raw values with the name to blame for each: later sources win."""
+    raw: dict[str, tuple[str, Any]] = {}
+    config_path = env.get("OUTBOX_CONFIG")
+    path = Path(config_path) if config_path else Path("outbox.yaml")
+    if config_path or path.is_file():
+        for key, value in _read_yaml(path).items():
+            name = str(key).lower()
+            if name not in _NAMES:
+                raise ConfigError(f"{path}: {key}", "is not a setting (see outbox.example.yaml)")
+            raw[name] = (f"{ENV_PREFIX}{name.upper()} (from {path})", value)
+    for name in _NAMES:
+        env_name = ENV_PREFIX + name.upper()
+        if env.get(env_name, "") != "":
+            raw[name] = (env_name, env[env_name])
+    for name, value in overrides.items():
+        if name not in _NAMES:
+            raise ConfigError(name, "is not a setting")
+        if value is not None:
+            raw[name] = (name, value)
+    return raw
+
+
+def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Resolve every setting; raise ConfigError naming the first bad one."""
+    raw = _gather(os.environ if env is None else env, overrides)
+
+    def get(name: str) -> tuple[str, Any] | None:
+        return raw.get(name)
+
+    values: dict[str, Any] = {}
+    home = Path(str(get("home")[1])) if get("home") else Settings.home
+    values["home"] = home
+    for name in ("jsonl_path", "markdown_dir", "chroma_path", "brainlayer_db"):
+        if get(name):
+            values[name] = Path(str(get(name)[1]))
+    for name in ("db_url", "chroma_url", "chroma_collection", "embedding", "mirror_id"):
+        if get(name):
+            values[name] = str(get(name)[1]).strip()
+    if get("sinks"):
+        values["sinks"] = _as_sinks(get("sinks")[1])
+    int_limits = {
+        "max_retries": (0, 1000),
+        "batch_size": (1, 5000),
+        "min_content_length": (1, 1_000_000),
+        "max_content_bytes": (1, 64 * 1_048_576),
+    }
+    for name, (low, high) in int_limits.items():
+        if get(name):
+            label, value = get(name)
+            values[name] = _as_int(label, value, low, high)
+    for name, minimum in (
+        ("poll_interval", 0.01),
+        ("retention", 0.0),
+        ("busy_timeout", 0.0),
+        ("lease_seconds", 1.0),
+        ("sink_timeout", 0.1),
+    ):
+        if get(name):
+            label, value = get(name)
+            values[name] = _as_seconds(label, value, minimum)
+    if get("synchronous"):
+        label, value = get("synchronous")
+        mode = str(value).strip().upper()
+        if mode not in SYNCHRONOUS_MODES:
+            raise ConfigError(
+                label, f"must be one of {', '.join(SYNCHRONOUS_MODES)}, got {value!r}"
+            )
+        values["synchronous"] = mode
+    if "chroma_collection" in values and not re.fullmatch(
+        r"[A-Za-z0-9][A-Za-z0-9._-]{1,510}[A-Za-z0-9]", values["chroma_collection"]
+    ):
+        raise ConfigError("OUTBOX_CHROMA_COLLECTION", "needs 3-512 characters from [A-Za-z0-9._-]")
+    if values.get("chroma_url") and not re.match(r"^https?://[^/\s]+", values["chroma_url"]):
+        raise ConfigError(
+            "OUTBOX_CHROMA_URL", f"expected http://host:port, got {values['chroma_url']!r}"
+        )
+
+    settings = replace(Settings(), **values)
+    defaults: dict[str, Any] = {}
+    if not settings.db_url:
+        defaults["db_url"] = f"sqlite:///{home / 'outbox.db'}"
+    elif not re.match(r"^(sqlite|postgresql)(\+\w+)?://", settings.db_url):
+        raise ConfigError("OUTBOX_DB_URL", "expected a sqlite:/// or postgresql+psycopg:// URL")
+    if settings.jsonl_path == Path():
+        defaults["jsonl_path"] = home / "outbox.jsonl"
+    if settings.chroma_path == Path():
+        defaults["chroma_path"] = home / "chroma"
+    return replace(settings, **defaults)

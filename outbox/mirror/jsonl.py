@@ -1,0 +1,166 @@
+"""The JSONL mirror: an append-only, hash-chained log of every record and delivery event.
+
+Each line carries ``prev``, the SHA-256 of the previous line's bytes, so ``outbox verify`` can
+prove no line was edited, dropped or reordered. Appends happen under the mirror lock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GENESIS = "0" * 64
+_TAIL_CHUNK = 65_536
+
+
+def line_hash(line: bytes) -> str:
+    return hashlib.sha256(line).hexdigest()
+
+
+def encode(event: Mapping[str, Any], prev: str) -> bytes:
+    body = dict(event)
+    body["prev"] = prev
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def accepted_event(record: Any, seq: int, markdown_name: str, sinks: list[str]) -> dict[str, Any]:
+    """The one line every accepted record gets (contract section 4)."""
+    return {
+        "event": "accepted",
+        "key": record.key,
+        "timestamp": record.timestamp,
+        "content": record.content,
+        "importance": record.importance,
+        "tags": list(record.tags),
+        "metadata": dict(record.metadata),
+        "sinks": sinks,
+        "markdown": markdown_name,
+        "seq": seq,
+    }
+
+
+@dataclass
+class LogLine:
+    offset: int
+    raw: bytes
+    event: dict[str, Any]
+
+
+class JsonlLog:
+    """Appends and reads the log; keeps the last hash cached while the file is ours alone."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._cached: tuple[int, str] | None = None  # (file size, hash of last line)
+
+    def _tail(self, fd: int, size: int) -> tuple[int, str]:
+        """Cut a torn last line left by a dead writer and return (size, last line's hash)."""
+        if size == 0:
+            return 0, GENESIS
+        if os.pread(fd, 1, size - 1) != b"\n":
+            size = self._find_line_start(fd, size)
+            os.ftruncate(fd, size)
+            return self._tail(fd, size)
+        start = self._find_line_start(fd, size - 1)
+        return size, line_hash(os.pread(fd, size - 1 - start, start))
+
+    @staticmethod
+    def _find_line_start(fd: int, end: int) -> int:
+        pos = end
+        while pos > 0:
+            start = max(0, pos - _TAIL_CHUNK)
+            chunk = os.pread(fd, pos - start, start)
+            cut = chunk.rfind(b"\n")
+            if cut >= 0:
+                return start + cut + 1
+            pos = start
+        return 0
+
+    def append(self, events: list[Mapping[str, Any]]) -> None:
+        """Append events as chained lines in one write; undo a partial write."""
+        if not events:
+            return
+        self.path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            size = os.fstat(fd).st_size
+            if self._cached and self._cached[0] == size:
+                prev = self._cached[1]
+            else:
+                size, prev = self._tail(fd, size)
+            lines = []
+            for event in events:
+                line = encode(event, prev)
+                prev = line_hash(line)
+                lines.append(line)
+            data = b"\n".join(lines) + b"\n"
+            try:
+                written = os.write(fd, data)
+                if written != len(data):
+                    raise OSError(28, "short write to the JSONL mirror")
+            except OSError:
+                os.ftruncate(fd, size)
+                self._cached = None
+                raise
+            self._cached = (size + len(data), prev)
+        finally:
+            os.close(fd)
+
+    def repair_tail(self) -> int:
+        """Cut a torn last line; returns the resulting size (0 when the file is missing)."""
+        if not self.path.exists():
+            return 0
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            size, last = self._tail(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+        self._cached = (size, last)
+        return size
+
+    def size(self) -> int:
+        try:
+            return self.path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def lines(self, offset: int = 0) -> Iterator[LogLine]:
+        """Lines from ``offset`` on; a line that is not JSON yields an empty event."""
+        try:
+            handle = self.path.open("rb")
+        except FileNotFoundError:
+            return
+        with handle:
+            handle.seek(offset)
+            pos = offset
+            for raw in handle:
+                if not raw.endswith(b"\n"):
+                    break
+                line = raw[:-1]
+                try:
+                    event = json.loads(line)
+                    if not isinstance(event, dict):
+                        event = {}
+                except ValueError:
+                    event = {}
+                yield LogLine(pos, line, event)
+                pos += len(raw)
+
+    def verify_chain(self) -> list[str]:
+        """Problems with the chain, first ones first (empty: intact)."""
+        problems: list[str] = []
+        prev = GENESIS
+        for number, line in enumerate(self.lines(), start=1):
+            if not line.event:
+                problems.append(f"{self.path}: line {number} is not a JSON object")
+            elif line.event.get("prev") != prev:
+                problems.append(f"{self.path}: line {number} does not chain to the line before it")
+            prev = line_hash(line.raw)
+            if len(problems) >= 20:
+                break
+        return problems

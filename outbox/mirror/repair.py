@@ -1,0 +1,193 @@
+"""Bring both mirrors in line with the database after a crash, without ever duplicating.
+
+Runs under the mirror lock, so no live writer is between its commit and its mirror append:
+every committed record past the watermark either has its line or was left by a dead writer.
+The watermark (last record seq and JSONL offset seen in line) keeps the work proportional to
+what was written since the last repair, not to the size of the log.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from outbox.mirror import markdown
+from outbox.mirror.jsonl import JsonlLog, accepted_event
+from outbox.record import Record
+from outbox.store.storage import DEAD, DELIVERED, DISCARDED, PENDING, DeliveryRow, Storage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RepairReport:
+    torn_bytes_cut: int = 0
+    lines_appended: int = 0
+    files_written: int = 0
+    front_matter_updated: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def markdown_state(
+    record: Record, rows: list[DeliveryRow], intended_brain_store: bool
+) -> dict[str, object]:
+    """Front matter that reflects the deliveries: chunk id, retries, last failure class."""
+    chunk_id = next(
+        (row.sink_id for row in rows if row.sink == "brainlayer" and row.state == DELIVERED), None
+    )
+    failures = [row for row in rows if row.error_class]
+    failures.sort(key=lambda row: row.delivered_at or row.available_at)
+    matter = markdown.front_matter(
+        record,
+        intended_brain_store=intended_brain_store,
+        reason=failures[-1].error_class if failures else PENDING,
+        retry_attempted=any(row.attempts > 1 or row.error_class for row in rows),
+        chunk_id=chunk_id,
+        sink_states={row.sink: row.state for row in rows},
+    )
+    ids = {row.sink: row.sink_id for row in rows if row.sink_id}
+    if ids:
+        matter["sink_ids"] = ids
+    return matter
+
+
+def delivery_event(row: DeliveryRow) -> dict[str, object] | None:
+    if row.state == DELIVERED:
+        return {
+            "event": "delivered",
+            "key": row.key,
+            "sink": row.sink,
+            "sink_id": row.sink_id,
+            "attempts": row.attempts,
+        }
+    if row.state == DEAD:
+        return {
+            "event": "dead",
+            "key": row.key,
+            "sink": row.sink,
+            "reason": row.error_class,
+            "attempts": row.attempts,
+        }
+    if row.state == DISCARDED:
+        return {"event": "discarded", "key": row.key, "sink": row.sink}
+    return None
+
+
+class MirrorSync:
+    """Incremental repair of the JSONL log and the markdown folder for one machine."""
+
+    def __init__(
+        self, storage: Storage, jsonl: JsonlLog, markdown_dir: Path, mirror_id: str
+    ) -> None:
+        self.storage = storage
+        self.jsonl = jsonl
+        self.markdown_dir = markdown_dir
+        self.mirror_id = mirror_id
+
+    def run(self) -> RepairReport:
+        """Caller holds the mirror lock."""
+        report = RepairReport()
+        before = self.jsonl.size()
+        size = self.jsonl.repair_tail()
+        report.torn_bytes_cut = before - size
+        seq, offset = self.storage.mirror_watermark(self.mirror_id)
+        if offset > size:  # the log lost its tail (power loss) or was replaced: rescan it all
+            seq, offset = 0, 0
+        accepted: set[str] = set()
+        events: set[tuple[str, str, str]] = set()
+        for line in self.jsonl.lines(offset):
+            event = line.event
+            if event.get("event") == "accepted":
+                accepted.add(str(event.get("key")))
+            elif event.get("event"):
+                events.add((str(event["event"]), str(event.get("key")), str(event.get("sink"))))
+        last_seq = seq
+        while True:
+            batch = self.storage.records_after(self.mirror_id, last_seq)
+            if not batch:
+                break
+            deliveries = self.storage.deliveries_for(item.record.key for item in batch)
+            missing = [item for item in batch if item.record.key not in accepted]
+            if missing:
+                self.jsonl.append(
+                    [
+                        accepted_event(
+                            item.record,
+                            item.seq,
+                            item.markdown_name,
+                            [row.sink for row in deliveries.get(item.record.key, [])],
+                        )
+                        for item in missing
+                    ]
+                )
+                report.lines_appended += len(missing)
+            markdown.ensure_dir(self.markdown_dir)
+            for item in batch:
+                path = self.markdown_dir / item.markdown_name
+                if path.exists():
+                    continue
+                rows = deliveries.get(item.record.key, [])
+                matter = markdown_state(
+                    item.record, rows, any(row.sink == "brainlayer" for row in rows)
+                )
+                if markdown.write_new(path, markdown.render(matter, item.record.content)):
+                    report.files_written += 1
+            last_seq = batch[-1].seq
+        self._sync_deliveries(events, report)
+        self.storage.set_mirror_watermark(self.mirror_id, last_seq, self.jsonl.size())
+        return report
+
+    def _sync_deliveries(self, seen: set[tuple[str, str, str]], report: RepairReport) -> None:
+        """Mirror outcomes the dispatcher committed but has not yet written out."""
+        while True:
+            rows = self.storage.mirror_pending(self.mirror_id)
+            if not rows:
+                return
+            self.apply(rows, seen, report)
+
+    def apply(
+        self,
+        rows: list[DeliveryRow],
+        seen: set[tuple[str, str, str]] | None,
+        report: RepairReport,
+    ) -> None:
+        """Write events and front matter for ``rows``, then clear their pending flag."""
+        lines = []
+        for row in rows:
+            event = delivery_event(row)
+            if event is None:
+                continue
+            marker = (str(event["event"]), row.key, row.sink)
+            if seen is not None and marker in seen:
+                continue
+            lines.append(event)
+        self.jsonl.append(lines)
+        report.lines_appended += len(lines)
+        keys = sorted({row.key for row in rows})
+        stored = self.storage.get_records(keys)
+        all_rows = self.storage.deliveries_for(keys)
+        for key in keys:
+            item = stored.get(key)
+            if item is None:
+                continue
+            path = self.markdown_dir / item.markdown_name
+            record_rows = all_rows.get(key, [])
+            matter = markdown_state(
+                item.record, record_rows, any(row.sink == "brainlayer" for row in record_rows)
+            )
+            try:
+                current, body = markdown.read(path)
+            except FileNotFoundError:
+                markdown.ensure_dir(self.markdown_dir)
+                markdown.write_new(path, markdown.render(matter, item.record.content))
+                report.files_written += 1
+                continue
+            except markdown.MalformedMarkdown as exc:
+                report.problems.append(f"{path}: {exc}; left as it is")
+                continue
+            merged = {**current, **matter}
+            if merged != current:
+                markdown.write_atomic(path, markdown.render(merged, body), durable=False)
+                report.front_matter_updated += 1
+        self.storage.clear_mirror_pending([row.delivery_id for row in rows])

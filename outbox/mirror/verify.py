@@ -1,0 +1,66 @@
+"""``outbox verify``: prove the mirrors and the database agree, and the log was not edited."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from outbox.mirror import markdown
+from outbox.mirror.jsonl import JsonlLog
+from outbox.store.storage import Storage
+
+MAX_PROBLEMS = 50
+
+
+@dataclass
+class VerifyReport:
+    records: int = 0
+    jsonl_lines: int = 0
+    markdown_files: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def add(self, problem: str) -> None:
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(problem)
+        elif len(self.problems) == MAX_PROBLEMS:
+            self.problems.append("… more problems not listed")
+
+
+def verify(storage: Storage, jsonl: JsonlLog, markdown_dir: Path, mirror_id: str) -> VerifyReport:
+    """Check the chain, one accepted line per record, and each record's markdown file."""
+    report = VerifyReport()
+    for problem in jsonl.verify_chain():
+        report.add(problem)
+    accepted: Counter[str] = Counter()
+    for line in jsonl.lines():
+        report.jsonl_lines += 1
+        if line.event.get("event") == "accepted":
+            accepted[str(line.event.get("key"))] += 1
+    for item in storage.iter_records(origin=mirror_id):
+        report.records += 1
+        key = item.record.key
+        count = accepted.pop(key, 0)
+        if count != 1:
+            report.add(f"record {key}: {count} accepted lines in {jsonl.path} (expected 1)")
+        path = markdown_dir / item.markdown_name
+        try:
+            matter, body = markdown.read(path)
+        except FileNotFoundError:
+            report.add(f"record {key}: markdown file {path} is missing")
+            continue
+        except (OSError, markdown.MalformedMarkdown) as exc:
+            report.add(f"record {key}: markdown file {path} is unreadable ({exc})")
+            continue
+        report.markdown_files += 1
+        if matter.get("key") not in (None, key):
+            report.add(f"record {key}: {path} carries another key")
+        if body != item.record.content.encode("utf-8"):
+            report.add(f"record {key}: body of {path} differs from the stored content")
+    for key, count in accepted.items():
+        report.add(f"{count} accepted line(s) for {key}, which the database does not hold")
+    return report

@@ -1,0 +1,83 @@
+"""Engines with the connection discipline the guarantees rest on.
+
+SQLite: WAL, the chosen ``synchronous`` level and ``busy_timeout`` on every connection, and
+every transaction opened with ``BEGIN IMMEDIATE`` so a writer waits for the lock up front
+instead of failing half-way (a deferred read-then-write cannot upgrade and gets SQLITE_BUSY
+without waiting). Readers get their own engine with plain deferred BEGIN.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+
+from outbox.config import Settings
+
+
+def sqlite_path(db_url: str) -> Path | None:
+    """The database file of a sqlite URL, or None for memory/other backends."""
+    url = make_url(db_url)
+    if not url.drivername.startswith("sqlite") or not url.database or url.database == ":memory:":
+        return None
+    return Path(url.database)
+
+
+def _prepare_sqlite_file(path: Path) -> None:
+    """Create the folder owner-only and the file 0600 before SQLite creates it world-readable."""
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+    if not path.exists():
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
+        os.close(fd)
+
+
+def make_engine(settings: Settings, *, writer: bool = True) -> Engine:
+    """An engine for ``settings.db_url``; ``writer`` picks BEGIN IMMEDIATE on SQLite."""
+    url = settings.db_url
+    if url.startswith("sqlite"):
+        path = sqlite_path(url)
+        if path is not None and writer:
+            _prepare_sqlite_file(path)
+        engine = create_engine(
+            url,
+            connect_args={"timeout": settings.busy_timeout, "check_same_thread": False},
+            hide_parameters=True,
+        )
+        _install_sqlite_discipline(engine, settings, writer=writer)
+        return engine
+    connect_args: dict[str, Any] = {}
+    if "psycopg" in url or url.startswith("postgresql://"):
+        timeout_ms = int(settings.busy_timeout * 1000)
+        connect_args["options"] = f"-c lock_timeout={timeout_ms}"
+        connect_args["connect_timeout"] = max(1, int(settings.busy_timeout) + 1)
+    return create_engine(url, connect_args=connect_args, pool_pre_ping=True)
+
+
+def _install_sqlite_discipline(engine: Engine, settings: Settings, *, writer: bool) -> None:
+    busy_ms = int(settings.busy_timeout * 1000)
+    synchronous = settings.synchronous
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Take transaction control away from pysqlite so our BEGIN is the one that runs.
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
+            mode = cursor.execute("PRAGMA journal_mode").fetchone()[0]
+            if writer and str(mode).lower() != "wal":
+                cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute(f"PRAGMA synchronous = {synchronous}")
+            cursor.execute("PRAGMA foreign_keys = ON")
+            if not writer:
+                cursor.execute("PRAGMA query_only = ON")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if writer else "BEGIN")

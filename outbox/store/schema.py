@@ -1,0 +1,119 @@
+"""Tables, in portable SQLAlchemy types, so the same schema runs on SQLite and PostgreSQL.
+
+``records`` holds each memory once; ``graph_nodes``/``graph_edges`` are the recency graph
+(an AGENT_MEMORY node per memory, linked from the ``frontier`` anchor); ``deliveries`` is the
+outbox proper, one row per (record, sink) with its own state, attempts and lease.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+# Bumped with every migration; opening compares it to alembic_version before loading Alembic.
+SCHEMA_REVISION = "0001"
+
+metadata = MetaData()
+
+# INTEGER PRIMARY KEY on SQLite (the rowid alias), BIGINT identity on PostgreSQL.
+SeqType = BigInteger().with_variant(Integer(), "sqlite")
+
+records = Table(
+    "records",
+    metadata,
+    Column("seq", SeqType, primary_key=True, autoincrement=True),
+    Column("key", String(64), nullable=False, unique=True),
+    Column("ts", String(32), nullable=False),
+    Column("content", Text, nullable=False),
+    Column("importance", Integer, nullable=False),
+    Column("tags", JSON, nullable=False),
+    Column("meta", JSON, nullable=False),
+    Column("slug", String(128), nullable=False),
+    Column("markdown_name", String(255), nullable=False),
+    Column("origin", String(255), nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+Index("ix_records_origin_seq", records.c.origin, records.c.seq)
+Index("ix_records_markdown_name", records.c.markdown_name)
+
+graph_nodes = Table(
+    "graph_nodes",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("label", String(64), nullable=False),
+    Column("session_id", String(255)),
+    Column("agent", String(255)),
+    Column("ts", String(32)),
+    Column("properties", JSON, nullable=False),
+)
+Index("ix_graph_nodes_label_ts", graph_nodes.c.label, graph_nodes.c.ts, graph_nodes.c.id)
+Index("ix_graph_nodes_session_ts", graph_nodes.c.session_id, graph_nodes.c.ts)
+
+graph_edges = Table(
+    "graph_edges",
+    metadata,
+    Column("id", SeqType, primary_key=True, autoincrement=True),
+    Column("source", String(64), ForeignKey("graph_nodes.id", ondelete="CASCADE"), nullable=False),
+    Column("target", String(64), ForeignKey("graph_nodes.id", ondelete="CASCADE"), nullable=False),
+    Column("type", String(64), nullable=False),
+    Column("weight", Float, nullable=False),
+    Column("properties", JSON, nullable=False),
+    UniqueConstraint("source", "target", "type", name="uq_graph_edges_source_target_type"),
+)
+Index("ix_graph_edges_target", graph_edges.c.target)
+
+deliveries = Table(
+    "deliveries",
+    metadata,
+    Column("id", SeqType, primary_key=True, autoincrement=True),
+    Column("record_key", String(64), ForeignKey("records.key", ondelete="CASCADE"), nullable=False),
+    Column("sink", String(255), nullable=False),
+    # pending | leased | delivered | dead
+    Column("state", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False, default=0),
+    # When the row may next be claimed: the retry time while pending, the lease expiry while
+    # leased. One column keeps "what is due" a single index range scan.
+    Column("available_at", Float, nullable=False),
+    Column("lease_owner", String(255)),
+    Column("lease_expires_at", Float),
+    Column("last_error", Text),
+    Column("error_class", String(32)),
+    Column("sink_id", String(255)),
+    Column("mirror_pending", Integer, nullable=False, default=0),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Column("delivered_at", Float),
+    UniqueConstraint("record_key", "sink", name="uq_deliveries_record_sink"),
+)
+Index("ix_deliveries_due", deliveries.c.sink, deliveries.c.state, deliveries.c.available_at)
+# Partial: only the few rows whose mirror update is outstanding are indexed.
+Index(
+    "ix_deliveries_mirror_pending",
+    deliveries.c.id,
+    sqlite_where=deliveries.c.mirror_pending == 1,
+    postgresql_where=deliveries.c.mirror_pending == 1,
+)
+
+# Where the mirror repair got to, per machine that keeps mirrors (issue: shared deployments).
+mirror_state = Table(
+    "mirror_state",
+    metadata,
+    Column("mirror_id", String(255), primary_key=True),
+    Column("record_seq", BigInteger, nullable=False),
+    Column("jsonl_offset", BigInteger, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+FRONTIER_NODE_ID = "frontier"
