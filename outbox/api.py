@@ -8,7 +8,7 @@ never imports them.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -63,6 +63,7 @@ class Outbox:
             self.storage, self.jsonl, settings.markdown_dir, settings.mirror_id
         )
         self.last_repair: RepairReport | None = None
+        self._listeners: list[Callable[[], object]] = []
         if repair:
             self.sync_mirrors()
 
@@ -109,6 +110,7 @@ class Outbox:
         """Validate, commit record + graph node + outbox rows in one transaction, mirror."""
         record = self.prepare(content, importance, tags, timestamp, slug, metadata)
         (accepted,) = self.writer.commit([record])
+        self._notify()
         return self.writer.receipt(accepted)
 
     def add_many(self, items: Iterable[Mapping[str, Any] | str]) -> list[Receipt]:
@@ -117,7 +119,9 @@ class Outbox:
             self.prepare(item) if isinstance(item, str) else self.prepare(**dict(item))
             for item in items
         ]
-        return [self.writer.receipt(item) for item in self.writer.commit(prepared)]
+        accepted = self.writer.commit(prepared)
+        self._notify()
+        return [self.writer.receipt(item) for item in accepted]
 
     def enqueue(self, conn: Connection, content: object, **fields: Any) -> Receipt:
         """Write inside the caller's own transaction (the transactional outbox pattern).
@@ -129,6 +133,14 @@ class Outbox:
         accepted = self.writer.insert(conn, record, time.time())
         return self.writer.receipt(accepted)
 
+    def add_listener(self, callback: Callable[[], object]) -> None:
+        """Call ``callback`` after every write in this process (wakes a local dispatcher)."""
+        self._listeners.append(callback)
+
+    def _notify(self) -> None:
+        for callback in self._listeners:
+            callback()
+
     # -- mirrors, status, verification ----------------------------------------------------
 
     def sync_mirrors(self) -> RepairReport:
@@ -136,6 +148,11 @@ class Outbox:
         with self.lock.hold():
             self.last_repair = self.mirrors.run()
         return self.last_repair
+
+    def sync_delivery_mirrors(self) -> RepairReport:
+        """Write delivery outcomes (events, front matter) that are not yet mirrored."""
+        with self.lock.hold():
+            return self.mirrors.sync_deliveries()
 
     def verify(self) -> VerifyReport:
         with self.lock.hold():

@@ -134,16 +134,23 @@ class MirrorSync:
                 if markdown.write_new(path, markdown.render(matter, item.record.content)):
                     report.files_written += 1
             last_seq = batch[-1].seq
-        self._sync_deliveries(events, report)
+        self.sync_deliveries(events, report)
         self.storage.set_mirror_watermark(self.mirror_id, last_seq, self.jsonl.size())
         return report
 
-    def _sync_deliveries(self, seen: set[tuple[str, str, str]], report: RepairReport) -> None:
-        """Mirror outcomes the dispatcher committed but has not yet written out."""
+    def sync_deliveries(
+        self, seen: set[tuple[str, str, str]] | None = None, report: RepairReport | None = None
+    ) -> RepairReport:
+        """Mirror outcomes the dispatcher committed but has not yet written out.
+
+        ``seen`` holds events already in the log (repair after a crash); the dispatcher's
+        own call right after settling passes None.
+        """
+        report = report or RepairReport()
         while True:
             rows = self.storage.mirror_pending(self.mirror_id)
             if not rows:
-                return
+                return report
             self.apply(rows, seen, report)
 
     def apply(

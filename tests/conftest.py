@@ -1,0 +1,41 @@
+"""Shared fixtures: every test runs in its own folder with no OUTBOX_* setting leaking in."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from outbox import Outbox, Settings, load_settings
+
+FAULTY = "outbox.testing.sinks:FaultySink"
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Clean OUTBOX_* environment and a private working directory per test."""
+    for name in list(os.environ):
+        if name.startswith("OUTBOX_") and name != "OUTBOX_TEST_PG_URL":
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    """Settings rooted in the test's folder, delivering to the fault-injection sink."""
+    return load_settings(
+        env={},
+        home=tmp_path / ".outbox",
+        markdown_dir=tmp_path / "docs.local" / "decisions",
+        sinks=FAULTY,
+    )
+
+
+@pytest.fixture
+def outbox(settings: Settings) -> Iterator[Outbox]:
+    ob = Outbox.open(settings)
+    yield ob
+    ob.close()
