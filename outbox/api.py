@@ -190,6 +190,39 @@ class Outbox:
         with Dispatcher(self, **options) as dispatcher:
             return dispatcher.drain(timeout=timeout)
 
+    def wait_delivered(self, key: str, sink: str | None = None, timeout: float = 30.0) -> Receipt:
+        """Wait until ``key`` is delivered to ``sink`` (default: every sink), or time out.
+
+        The receipt says ``stored`` only with the sink's concrete id, so a caller can report
+        ``Stored in <Sink>: <id>`` honestly; otherwise it stays ``queued``.
+        """
+        stored = self.storage.get_record(key)
+        if stored is None:
+            raise KeyError(f"no record with key {key}")
+        wanted = (sink,) if sink else None
+        deadline = time.monotonic() + timeout
+        pause = 0.01
+        while True:
+            rows = self.storage.deliveries_for([key]).get(key, [])
+            sinks = wanted or tuple(row.sink for row in rows)
+            ids = {
+                row.sink: row.sink_id for row in rows if row.state == "delivered" and row.sink_id
+            }
+            settled = {row.sink for row in rows if row.state in ("delivered", "dead", "discarded")}
+            if all(name in settled for name in sinks) or time.monotonic() >= deadline:
+                done = bool(sinks) and all(name in ids for name in sinks)
+                return Receipt(
+                    key=key,
+                    status="stored" if done else "queued",
+                    duplicate=False,
+                    markdown_path=self.settings.markdown_dir / stored.markdown_name,
+                    timestamp=stored.record.timestamp,
+                    sinks=tuple(sinks),
+                    sink_ids={name: ids[name] for name in sinks if name in ids},
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.25)
+
     # -- lifetime -------------------------------------------------------------------------
 
     @property

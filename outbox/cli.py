@@ -124,6 +124,143 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
+# -- delivery ----------------------------------------------------------------------------
+
+
+class _ProgressLine:
+    """A one-line progress display on a terminal, plain lines otherwise (both on stderr)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.tty = sys.stderr.isatty()
+        self.done: dict[str, int] = {}
+
+    def __call__(self, progress: Any) -> None:
+        self.done[progress.sink] = progress.delivered + progress.dead
+        if self.tty:
+            parts = []
+            for sink, count in self.done.items():
+                share = count / self.total if self.total else 1.0
+                bar = "#" * int(share * 20)
+                parts.append(f"{sink} [{bar:<20}] {count}/{self.total}")
+            sys.stderr.write("\r" + "  ".join(parts))
+            sys.stderr.flush()
+        else:
+            sys.stderr.write(
+                f"{progress.sink}: delivered {progress.delivered}, retrying {progress.retried}, "
+                f"dead {progress.dead}\n"
+            )
+
+    def finish(self) -> None:
+        if self.tty and self.done:
+            sys.stderr.write("\n")
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    from outbox.dispatch.dispatcher import Dispatcher
+
+    with _open() as ob:
+        due = sum(row["pending"] + row["leased"] for row in ob.status()["sinks"].values())
+        progress = None if args.json else _ProgressLine(due)
+        with Dispatcher(ob, on_progress=progress) as dispatcher:
+            report = dispatcher.drain(timeout=args.timeout)
+        if progress:
+            progress.finish()
+    lines = []
+    for sink, entry in report.to_dict()["sinks"].items():  # type: ignore[union-attr]
+        left = entry["remaining"]
+        lines.append(
+            f"{sink}: delivered {entry['delivered']}; now pending {left.get('pending', 0)}, "
+            f"leased {left.get('leased', 0)}, dead {left.get('dead', 0)}"
+        )
+    lines.append("all delivered" if report.ok else "some records are still pending or dead")
+    _emit(args, report.to_dict(), "\n".join(lines))
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from outbox.dispatch.dispatcher import Dispatcher
+
+    stop = threading.Event()
+
+    def _stop(_signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    with _open() as ob, Dispatcher(ob) as dispatcher:
+        logging.getLogger("outbox").info("dispatcher %s running", dispatcher.owner)
+        dispatcher.run(stop)
+    return EXIT_OK
+
+
+def cmd_dead(args: argparse.Namespace) -> int:
+    with _open() as ob:
+        if args.action == "list":
+            rows = ob.storage.list_deliveries("dead", sink=args.sink, limit=args.limit)
+            payload = {
+                "dead": [
+                    {
+                        "key": r.key,
+                        "sink": r.sink,
+                        "attempts": r.attempts,
+                        "reason": r.error_class,
+                        "error": r.last_error,
+                    }
+                    for r in rows
+                ]
+            }
+            text = (
+                "\n".join(
+                    f"{r.key}  {r.sink}  attempts={r.attempts}  reason={r.error_class}"
+                    for r in rows
+                )
+                or "no dead letters"
+            )
+            _emit(args, payload, text)
+            return EXIT_OK
+        if args.action == "show":
+            found = ob.storage.deliveries_for(args.keys)
+            shown = [
+                {
+                    "key": r.key,
+                    "sink": r.sink,
+                    "state": r.state,
+                    "attempts": r.attempts,
+                    "reason": r.error_class,
+                    "error": r.last_error,
+                    "markdown": str(ob.markdown_dir / stored.markdown_name) if stored else None,
+                }
+                for key in args.keys
+                for r in found.get(key, [])
+                for stored in [ob.storage.get_record(key)]
+            ]
+            if not shown:
+                raise ValidationError("keys", "no record with those keys")
+            text = "\n".join(
+                f"{d['key']}  {d['sink']}  {d['state']}  attempts={d['attempts']}  "
+                f"reason={d['reason']}\n  error: {d['error']}\n  file: {d['markdown']}"
+                for d in shown
+            )
+            _emit(args, {"deliveries": shown}, text)
+            return EXIT_OK
+        if not args.keys and not args.all:
+            raise ValidationError("keys", "name the keys to act on, or pass --all")
+        keys = None if args.all else args.keys
+        if args.action == "retry":
+            count = ob.storage.requeue_dead(keys, sink=args.sink)
+            verb = "requeued"
+        else:
+            count = ob.storage.discard_dead(keys, sink=args.sink)
+            verb = "discarded"
+        ob.sync_delivery_mirrors()
+    _emit(args, {verb: count}, f"{verb} {count} dead letter(s)")
+    return EXIT_OK
+
+
 # -- parser ------------------------------------------------------------------------------
 
 
@@ -155,6 +292,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("status", cmd_status, "counts per sink and state, oldest pending age, dead letters")
     command("verify", cmd_verify, "check that mirrors and database agree")
+
+    drain = command("drain", cmd_drain, "deliver what is due, then stop")
+    drain.add_argument("--timeout", type=float, default=None, help="stop claiming after S seconds")
+    command(
+        "run", cmd_run, "the dispatcher daemon (stops cleanly on SIGTERM/SIGINT)", json_flag=False
+    )
+
+    dead = command("dead", cmd_dead, "list, show, retry or discard dead letters")
+    dead.add_argument("action", choices=["list", "show", "retry", "discard"])
+    dead.add_argument("keys", nargs="*", metavar="KEY")
+    dead.add_argument("--all", action="store_true", help="act on every dead letter")
+    dead.add_argument("--sink", help="only this sink")
+    dead.add_argument("--limit", type=int, default=100, help="how many to list")
     return parser
 
 

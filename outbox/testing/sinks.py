@@ -30,15 +30,28 @@ from outbox.sinks.base import Delivered, NotDelivered, Outcome, Rejected
 class FaultySink:
     """Stores records by key (idempotent upsert) and injects the configured faults."""
 
-    def __init__(self, db_path: Path, name: str = "outbox.testing.sinks:FaultySink") -> None:
+    def __init__(
+        self,
+        db_path: Path,
+        name: str = "outbox.testing.sinks:FaultySink",
+        *,
+        fail_rate: float | None = None,
+        null_rate: float | None = None,
+        hang: float | None = None,
+    ) -> None:
+        """Faults come from the environment unless given here (tests in one process)."""
         self.name = name
         self.db_path = db_path
         env = os.environ
-        self.fail_rate = float(env.get("OUTBOX_FAULTY_FAIL_RATE", "0") or 0)
-        self.null_rate = float(env.get("OUTBOX_FAULTY_NULL_RATE", "0") or 0)
+        self.fail_rate = (
+            float(env.get("OUTBOX_FAULTY_FAIL_RATE", "0") or 0) if fail_rate is None else fail_rate
+        )
+        self.null_rate = (
+            float(env.get("OUTBOX_FAULTY_NULL_RATE", "0") or 0) if null_rate is None else null_rate
+        )
         self.error_text = env.get("OUTBOX_FAULTY_ERROR", "Transport closed")
         self.reject = env.get("OUTBOX_FAULTY_REJECT") or None
-        self.hang = float(env.get("OUTBOX_FAULTY_HANG", "0") or 0)
+        self.hang = float(env.get("OUTBOX_FAULTY_HANG", "0") or 0) if hang is None else hang
         seed = env.get("OUTBOX_FAULTY_SEED")
         self.random = random.Random(int(seed) if seed else None)
         db_path.parent.mkdir(parents=True, exist_ok=True)

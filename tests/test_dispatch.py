@@ -1,0 +1,165 @@
+"""The dispatcher in one process: fan-out, retries to dead letter, false acks, waiting, leases."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from outbox import Outbox, Settings
+from outbox.cli import main as cli_main
+from outbox.dispatch.dispatcher import Dispatcher
+from outbox.dispatch.retry import RetryPolicy
+from outbox.testing.sinks import FaultySink
+
+A = "outbox.testing.sinks:FaultySink"
+B = "outbox.testing.sinks:faulty_sink"
+FAST = RetryPolicy(max_retries=2, base=0.01, cap=0.02)
+
+
+def _front_matter(path: Path) -> dict[str, object]:
+    return yaml.safe_load(path.read_text(encoding="utf-8").split("---\n")[1])
+
+
+def _events(ob: Outbox) -> list[dict[str, object]]:
+    return [line.event for line in ob.jsonl.lines()]
+
+
+def _wait_for(predicate: object, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_hung_sink_does_not_delay_another(settings: Settings, tmp_path: Path) -> None:
+    settings = replace(settings, sinks=(A, B), sink_timeout=60.0, poll_interval=0.05)
+    healthy = FaultySink(tmp_path / "a.db", A, fail_rate=0, hang=0)
+    hung = FaultySink(tmp_path / "b.db", B, fail_rate=0, hang=6)
+    with Outbox.open(settings) as ob:
+        keys = [ob.add(f"memory {i} for two sinks").key for i in range(40)]
+        dispatcher = Dispatcher(ob, sink_objects={A: healthy, B: hung}, batch_size=10)
+        runner = threading.Thread(target=dispatcher.run, daemon=True)
+        runner.start()
+        try:
+            assert _wait_for(lambda: len(healthy.stored()) == 40), "healthy sink starved"
+            counts = ob.storage.counts()
+            assert counts[A]["delivered"] == 40
+            # B's first batch is still inside its hung call, leased, not delivered.
+            assert counts[B]["delivered"] == 0
+            assert counts[B]["leased"] == 10
+        finally:
+            dispatcher.stop_event.set()
+            hung.hang = 0
+            runner.join(timeout=40)
+            dispatcher.close()
+        assert set(healthy.stored()) == set(keys)
+
+
+def test_transient_failures_end_as_dead_letters(settings: Settings, tmp_path: Path) -> None:
+    sink = FaultySink(tmp_path / "f.db", A, fail_rate=1.0)
+    with Outbox.open(settings) as ob:
+        receipt = ob.add("a memory whose sink keeps closing the transport")
+        for _ in range(10):
+            with Dispatcher(ob, sink_objects={A: sink}, policy=FAST) as dispatcher:
+                dispatcher.drain()
+            if ob.storage.counts()[A]["dead"]:
+                break
+            time.sleep(0.03)
+        (row,) = ob.storage.deliveries_for([receipt.key])[receipt.key]
+        assert row.state == "dead"
+        assert row.attempts == 3  # the first try and max_retries=2 retries
+        assert row.error_class == "transport_closed"
+        matter = _front_matter(receipt.markdown_path)  # type: ignore[arg-type]
+        assert matter["reason"] == "transport_closed"
+        assert matter["retry_attempted"] is True
+        assert matter["chunk_id"] is None
+        dead_events = [e for e in _events(ob) if e.get("event") == "dead"]
+        assert [e["key"] for e in dead_events] == [receipt.key]
+        assert ob.verify().ok
+
+        # An operator requeues it; the sink has recovered; it is delivered once.
+        assert ob.storage.requeue_dead([receipt.key]) == 1
+        sink.fail_rate = 0.0
+        with Dispatcher(ob, sink_objects={A: sink}, policy=FAST) as dispatcher:
+            assert dispatcher.drain().ok
+        assert sink.stored() == {receipt.key: 1}
+        assert _front_matter(receipt.markdown_path)["sinks"] == {A: "delivered"}  # type: ignore[arg-type]
+
+
+def test_a_reply_without_an_id_is_not_a_delivery(settings: Settings, tmp_path: Path) -> None:
+    sink = FaultySink(tmp_path / "n.db", A, null_rate=1.0)
+    with Outbox.open(settings) as ob:
+        receipt = ob.add("the sink answers chunk_id: null for this one")
+        with Dispatcher(ob, sink_objects={A: sink}, policy=FAST) as dispatcher:
+            report = dispatcher.drain()
+        assert not report.ok
+        (row,) = ob.storage.deliveries_for([receipt.key])[receipt.key]
+        assert row.state == "pending"
+        assert row.error_class == "queued_null_chunk"
+        assert row.sink_id is None
+        waited = ob.wait_delivered(receipt.key, timeout=0.2)
+        assert waited.status == "queued"
+        assert "Stored" not in waited.text
+
+
+def test_wait_delivered_reports_the_concrete_id(settings: Settings) -> None:
+    with Outbox.open(settings) as ob:
+        receipt = ob.add("wait for me to be stored")
+        assert receipt.status == "queued"
+        drainer = threading.Thread(target=lambda: time.sleep(0.2) or ob.drain())
+        drainer.start()
+        stored = ob.wait_delivered(receipt.key, timeout=30)
+        drainer.join()
+        assert stored.status == "stored"
+        assert stored.sink_ids[A] == f"faulty-{receipt.key[:16]}"
+        assert stored.text == f"Stored in FaultySink: faulty-{receipt.key[:16]}"
+        # A repeat write of the same record now reports the existing delivery.
+        again = ob.add("wait for me to be stored", timestamp=receipt.timestamp)
+        assert again.duplicate and again.status == "stored"
+
+
+def test_expired_lease_is_taken_over_and_the_old_owner_cannot_settle(
+    settings: Settings,
+) -> None:
+    with Outbox.open(settings) as ob:
+        receipt = ob.add("claimed by a dispatcher that then died")
+        (claim,) = ob.storage.claim(A, "dead-owner", 10, lease_seconds=1.0)
+        assert ob.storage.claim(A, "other", 10, lease_seconds=1.0) == []  # live lease
+        time.sleep(1.1)
+        assert ob.drain().ok
+        done, _ = ob.storage.settle("dead-owner", [(claim.delivery_id, "late-id")], [])
+        assert done == []
+        (row,) = ob.storage.deliveries_for([receipt.key])[receipt.key]
+        assert row.sink_id == f"faulty-{receipt.key[:16]}"
+        assert row.attempts == 2
+
+
+def test_cli_drain_and_dead_letters(settings: Settings, monkeypatch: pytest.MonkeyPatch,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("OUTBOX_HOME", str(settings.home))
+    monkeypatch.setenv("OUTBOX_MARKDOWN_DIR", str(settings.markdown_dir))
+    monkeypatch.setenv("OUTBOX_SINKS", A)
+    monkeypatch.setenv("OUTBOX_MAX_RETRIES", "0")
+    monkeypatch.setenv("OUTBOX_FAULTY_REJECT", "POISON")
+    assert cli_main(["add", "a good memory for the command line"]) == 0
+    assert cli_main(["add", "a POISON memory the sink refuses"]) == 0
+    capsys.readouterr()
+    assert cli_main(["drain", "--json"]) == 1  # one dead letter left
+    report = json.loads(capsys.readouterr().out)
+    assert report["delivered"] == 1 and report["sinks"][A]["dead"] == 1
+    assert cli_main(["dead", "list", "--json"]) == 0
+    (dead,) = json.loads(capsys.readouterr().out)["dead"]
+    assert dead["reason"] == "rejected"
+    assert cli_main(["dead", "discard", dead["key"]]) == 0
+    assert "discarded 1" in capsys.readouterr().out
+    assert cli_main(["status", "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["sinks"][A]["discarded"] == 1 and status["dead_letters"] == 0

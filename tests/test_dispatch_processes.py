@@ -1,0 +1,82 @@
+"""Real dispatcher processes on one SQLite outbox, one of them killed with SIGKILL mid-batch."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from outbox import Outbox, Settings
+
+SINK = "outbox.testing.sinks:FaultySink"
+
+
+def _env(settings: Settings, tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        OUTBOX_HOME=str(settings.home),
+        OUTBOX_MARKDOWN_DIR=str(settings.markdown_dir),
+        OUTBOX_SINKS=SINK,
+        OUTBOX_BATCH_SIZE="20",
+        OUTBOX_LEASE_SECONDS="2",
+        OUTBOX_POLL_INTERVAL="0.1",
+        OUTBOX_FAULTY_DB=str(tmp_path / "sink.db"),
+        OUTBOX_FAULTY_HANG="0.15",  # slow batches, so a kill lands mid-batch
+        OUTBOX_FAULTY_FAIL_RATE="0.1",
+    )
+    return env
+
+
+def _dispatcher(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "outbox", "run"], env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+
+
+def test_two_dispatchers_and_a_sigkill_lose_and_double_nothing(
+    settings: Settings, tmp_path: Path
+) -> None:
+    total = 400
+    with Outbox.open(settings) as ob:
+        keys = {r.key for r in ob.add_many(f"memory {i} for the process test" for i in range(total))}
+    env = _env(settings, tmp_path)
+    first, second = _dispatcher(env), _dispatcher(env)
+    sink_db = tmp_path / "sink.db"
+
+    def delivered_to_sink() -> int:
+        if not sink_db.exists():
+            return 0
+        with sqlite3.connect(sink_db, timeout=30) as conn:
+            return int(conn.execute("SELECT count(*) FROM delivered").fetchone()[0])
+
+    deadline = time.monotonic() + 60
+    while delivered_to_sink() < total // 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=10)
+    with Outbox.open(settings) as ob:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            counts = ob.storage.counts()[SINK]
+            if counts["delivered"] == total:
+                break
+            time.sleep(0.2)
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(timeout=60) == 0, second.stderr.read().decode() if second.stderr else ""
+        counts = ob.storage.counts()[SINK]
+        assert counts["delivered"] == total, counts
+        assert counts["leased"] == 0 and counts["dead"] == 0
+        with sqlite3.connect(sink_db) as conn:
+            stored = dict(conn.execute("SELECT key, deliveries FROM delivered").fetchall())
+        assert set(stored) == keys  # every record landed, nothing foreign
+        report = ob.verify()
+        assert report.ok, report.problems
+        delivered_lines = [
+            line.event["key"] for line in ob.jsonl.lines() if line.event.get("event") == "delivered"
+        ]
+        assert sorted(set(delivered_lines)) == sorted(keys)
