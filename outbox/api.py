@@ -7,9 +7,9 @@ never imports them.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection
 
 from outbox.config import Settings, load_settings
+from outbox.errors import StoreFailed
+from outbox.fallback import UNAVAILABLE, FallbackQueue, failure_reason
 from outbox.mirror.jsonl import JsonlLog
 from outbox.mirror.lock import MirrorLock
 from outbox.mirror.repair import MirrorSync, RepairReport
 from outbox.mirror.verify import VerifyReport, verify
-from outbox.receipt import Receipt
+from outbox.receipt import FALLBACK, Receipt, store_failed_text
 from outbox.record import DEFAULT_IMPORTANCE, Record, build_record
 from outbox.store import migrate
 from outbox.store.engine import make_engine
@@ -30,23 +32,22 @@ from outbox.write import Writer
 
 if TYPE_CHECKING:
     from outbox.dispatch.dispatcher import DrainReport
+    from outbox.replay import ReplayReport
 
-
-@dataclass(frozen=True)
-class SinkStatus:
-    sink: str
-    counts: dict[str, int]
-    oldest_pending_age: float | None
+log = logging.getLogger(__name__)
 
 
 class Outbox:
-    """An open outbox: database, mirrors and settings."""
+    """An open outbox: database, mirrors, fallback queue and settings.
+
+    Opening never fails because the database is unavailable: the outbox opens degraded,
+    writes go to the fallback queue, and the next open (or dispatcher pass) imports them.
+    """
 
     def __init__(self, settings: Settings, *, repair: bool = True) -> None:
         self.settings = settings
         self.engine = make_engine(settings, writer=True)
         self.reader = make_engine(settings, writer=False) if settings.is_sqlite else self.engine
-        migrate.upgrade(self.engine)
         self.storage = Storage(self.engine, self.reader)
         self.jsonl = JsonlLog(settings.jsonl_path)
         self.lock = MirrorLock(settings.jsonl_path.with_name(settings.jsonl_path.name + ".lock"))
@@ -62,18 +63,37 @@ class Outbox:
         self.mirrors = MirrorSync(
             self.storage, self.jsonl, settings.markdown_dir, settings.mirror_id
         )
+        self.fallback = FallbackQueue(settings.markdown_dir, settings.sinks)
         self.last_repair: RepairReport | None = None
+        self.last_import: ReplayReport | None = None
+        self.unavailable: str | None = None
+        self._migrated = False
         self._listeners: list[Callable[[], object]] = []
-        if repair:
-            self.sync_mirrors()
+        try:
+            self._ensure_schema()
+            if repair:
+                self.sync_mirrors()
+        except UNAVAILABLE as exc:
+            self.unavailable = failure_reason(exc)
+            log.warning(
+                "outbox database unavailable at open (%s); writes will fall back", self.unavailable
+            )
 
     @classmethod
     def open(cls, settings: Settings | None = None, **overrides: Any) -> Outbox:
         """Open with settings from the environment, YAML file and defaults (keywords win)."""
         if settings is None:
             settings = load_settings(**overrides)
-        settings.home.mkdir(parents=True, mode=0o700, exist_ok=True)
+        try:
+            settings.home.mkdir(parents=True, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            log.warning("cannot create %s (%s)", settings.home, exc.strerror)
         return cls(settings)
+
+    def _ensure_schema(self) -> None:
+        if not self._migrated:
+            migrate.upgrade(self.engine, self.reader)
+            self._migrated = True
 
     # -- writing --------------------------------------------------------------------------
 
@@ -109,9 +129,8 @@ class Outbox:
     ) -> Receipt:
         """Validate, commit record + graph node + outbox rows in one transaction, mirror."""
         record = self.prepare(content, importance, tags, timestamp, slug, metadata)
-        (accepted,) = self.writer.commit([record])
-        self._notify()
-        return self.writer.receipt(accepted)
+        (receipt,) = self._commit_or_fallback([record])
+        return receipt
 
     def add_many(self, items: Iterable[Mapping[str, Any] | str]) -> list[Receipt]:
         """Many records in one transaction: all are validated first, then all or none commit."""
@@ -119,9 +138,48 @@ class Outbox:
             self.prepare(item) if isinstance(item, str) else self.prepare(**dict(item))
             for item in items
         ]
-        accepted = self.writer.commit(prepared)
+        return self._commit_or_fallback(prepared)
+
+    def _commit_or_fallback(self, records: list[Record]) -> list[Receipt]:
+        """Commit, or, when the database cannot take the write in time, the fallback queue.
+
+        Only a validation error (raised before this point) or StoreFailed (both paths
+        failed) leaves ``add``; anything else the database raises becomes a fallback.
+        """
+        try:
+            self._ensure_schema()
+            accepted = self.writer.commit(records)
+        except Exception as exc:
+            reason = failure_reason(exc)
+            level = logging.WARNING if isinstance(exc, UNAVAILABLE) else logging.ERROR
+            log.log(
+                level,
+                "database did not take %d record(s) (%s: %s); using fallback files",
+                len(records),
+                reason,
+                exc.__class__.__name__,
+            )
+            self.unavailable = reason
+            return [self._fallback(record, reason) for record in records]
+        self.unavailable = None
         self._notify()
         return [self.writer.receipt(item) for item in accepted]
+
+    def _fallback(self, record: Record, reason: str) -> Receipt:
+        try:
+            path, existed = self.fallback.write(record, reason)
+        except OSError as exc:
+            log.error("fallback write failed too (%s)", exc.strerror or exc.__class__.__name__)
+            raise StoreFailed(store_failed_text(self.settings.sinks)) from None
+        return Receipt(
+            key=record.key,
+            status=FALLBACK,
+            duplicate=existed,
+            markdown_path=path,
+            timestamp=record.timestamp,
+            sinks=self.settings.sinks,
+            reason=reason,
+        )
 
     def enqueue(self, conn: Connection, content: object, **fields: Any) -> Receipt:
         """Write inside the caller's own transaction (the transactional outbox pattern).
@@ -144,10 +202,33 @@ class Outbox:
     # -- mirrors, status, verification ----------------------------------------------------
 
     def sync_mirrors(self) -> RepairReport:
-        """Write whatever the mirrors lack (crash leftovers, enqueued records, deliveries)."""
+        """Import waiting fallback files, then write whatever the mirrors lack (crash
+        leftovers, enqueued records, delivery outcomes)."""
+        self.import_fallback()
         with self.lock.hold():
             self.last_repair = self.mirrors.run()
         return self.last_repair
+
+    def import_fallback(self) -> ReplayReport:
+        """Bring this outbox's own fallback files in, once each (contract section 4a)."""
+        from outbox.replay import Replayer
+
+        self.last_import = Replayer(self).import_own_fallback()
+        if self.last_import.imported:
+            self._notify()
+        return self.last_import
+
+    def replay(
+        self,
+        folder: Path | None = None,
+        budget: int | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> ReplayReport:
+        """Import pending fallback or legacy files from ``folder`` (default: the markdown
+        folder); refuses above 100 pending files without a ``budget``."""
+        from outbox.replay import Replayer
+
+        return Replayer(self).replay_dir(folder or self.settings.markdown_dir, budget, progress)
 
     def sync_delivery_mirrors(self) -> RepairReport:
         """Write delivery outcomes (events, front matter) that are not yet mirrored."""

@@ -261,6 +261,33 @@ def cmd_dead(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    with _open() as ob:
+        folder = Path(args.dir) if args.dir else ob.markdown_dir
+        bar = None if args.json or not sys.stderr.isatty() else _replay_bar
+        report = ob.replay(folder, budget=args.budget, progress=bar)
+        if bar:
+            sys.stderr.write("\n")
+    lines = [
+        f"{len(report.imported)} imported, {len(report.already)} already in the outbox, "
+        f"{len(report.skipped)} skipped, {report.not_reached} left for a later run"
+    ]
+    lines += [f"skipped {name}: {why}" for name, why in report.skipped]
+    lines += [f"warning: {text}" for text in report.warnings]
+    if report.refused:
+        lines = [f"refused: {report.refused}; nothing imported"]
+    _emit(args, report.to_dict(), "\n".join(lines))
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def _replay_bar(done: int, total: int) -> None:
+    share = done / total if total else 1.0
+    sys.stderr.write(f"\rreplay [{'#' * int(share * 30):<30}] {done}/{total}")
+    sys.stderr.flush()
+
+
 # -- parser ------------------------------------------------------------------------------
 
 
@@ -298,6 +325,10 @@ def build_parser() -> argparse.ArgumentParser:
     command(
         "run", cmd_run, "the dispatcher daemon (stops cleanly on SIGTERM/SIGINT)", json_flag=False
     )
+
+    replay = command("replay", cmd_replay, "import pending fallback or legacy markdown files")
+    replay.add_argument("dir", nargs="?", metavar="DIR", help="default: OUTBOX_MARKDOWN_DIR")
+    replay.add_argument("--budget", type=int, default=None, help="import at most N files")
 
     dead = command("dead", cmd_dead, "list, show, retry or discard dead letters")
     dead.add_argument("action", choices=["list", "show", "retry", "discard"])

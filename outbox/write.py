@@ -85,12 +85,18 @@ class Writer:
 
     # -- the transaction ------------------------------------------------------------------
 
-    def insert(self, conn: Connection, record: Record, now: float) -> Accepted:
-        """Insert inside ``conn``'s transaction; a known key writes nothing."""
+    def insert(
+        self, conn: Connection, record: Record, now: float, adopt: str | None = None
+    ) -> Accepted:
+        """Insert inside ``conn``'s transaction; a known key writes nothing.
+
+        ``adopt`` names an existing markdown file (a fallback or legacy file) that becomes
+        the record's mirror instead of a new one.
+        """
         existing = self.storage.get_record(record.key, conn)
         if existing is not None:
             return Accepted(existing.record, None, existing.markdown_name, True)
-        name = self.choose_markdown_name(conn, record)
+        name = adopt or self.choose_markdown_name(conn, record)
         seq = self.storage.insert_record(
             conn, record, sinks=self.sinks, markdown_name=name, origin=self.origin, now=now
         )
@@ -100,14 +106,25 @@ class Writer:
             return Accepted(existing.record, None, existing.markdown_name, True)
         return Accepted(record, seq, name, False)
 
-    def commit(self, records: Sequence[Record]) -> list[Accepted]:
-        """One transaction for all ``records``, then their mirrors, all under the mirror lock."""
+    def commit(
+        self, records: Sequence[Record], adopted: dict[str, str] | None = None
+    ) -> list[Accepted]:
+        """One transaction for all ``records``, then their mirrors, all under the mirror lock.
+
+        ``adopted`` maps keys to existing markdown files that become their mirrors.
+        """
+        adopted = adopted or {}
         deadline = time.monotonic() + self.busy_timeout + WRITE_MARGIN_SECONDS
         with self.lock.hold(deadline):
             now = time.time()
             with self.storage.engine.begin() as conn:
-                accepted = [self.insert(conn, record, now) for record in records]
-            self.write_mirrors([item for item in accepted if not item.duplicate])
+                accepted = [
+                    self.insert(conn, record, now, adopted.get(record.key)) for record in records
+                ]
+            self.write_mirrors(
+                [item for item in accepted if not item.duplicate],
+                skip_markdown={key for key in adopted},
+            )
         return accepted
 
     # -- mirrors --------------------------------------------------------------------------
@@ -120,7 +137,9 @@ class Writer:
         )
         return markdown.render(matter, record.content)
 
-    def write_mirrors(self, accepted: Sequence[Accepted]) -> None:
+    def write_mirrors(
+        self, accepted: Sequence[Accepted], skip_markdown: set[str] | None = None
+    ) -> None:
         """Append accepted lines and create markdown files; a failure here loses nothing,
         since the database holds the record and repair rewrites the mirror."""
         if not accepted:
@@ -137,6 +156,8 @@ class Writer:
         try:
             markdown.ensure_dir(self.markdown_dir)
             for item in accepted:
+                if skip_markdown and item.record.key in skip_markdown:
+                    continue
                 markdown.write_new(
                     self.markdown_dir / item.markdown_name, self.render_markdown(item.record)
                 )
@@ -148,7 +169,10 @@ class Writer:
     def receipt(self, item: Accepted) -> Receipt:
         sink_ids: dict[str, str] = {}
         if item.duplicate:
-            rows = self.storage.deliveries_for([item.record.key]).get(item.record.key, [])
+            try:
+                rows = self.storage.deliveries_for([item.record.key]).get(item.record.key, [])
+            except Exception:  # the write itself stands; only the extra detail is missing
+                rows = []
             sink_ids = {
                 row.sink: row.sink_id for row in rows if row.state == DELIVERED and row.sink_id
             }

@@ -29,7 +29,7 @@ def upgrade() -> None:
         sa.Column("tags", sa.JSON(), nullable=False),
         sa.Column("meta", sa.JSON(), nullable=False),
         sa.Column("slug", sa.String(128), nullable=False),
-        sa.Column("markdown_name", sa.String(255), nullable=False),
+        sa.Column("markdown_name", sa.String(1024), nullable=False),
         sa.Column("origin", sa.String(255), nullable=False),
         sa.Column("created_at", sa.Float(), nullable=False),
         sa.UniqueConstraint("key"),

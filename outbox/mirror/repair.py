@@ -52,6 +52,22 @@ def markdown_state(
     return matter
 
 
+def delivery_updates(
+    current: dict[str, object], state: dict[str, object], rows: list[DeliveryRow]
+) -> dict[str, object]:
+    """The keys a delivery changes in an existing file; the rest (a legacy file's own reason,
+    timestamp notation, tags) stays as the file has it."""
+    updates = {name: state[name] for name in ("chunk_id", "sinks", "key") if name in state}
+    if "sink_ids" in state:
+        updates["sink_ids"] = state["sink_ids"]
+    updates["retry_attempted"] = bool(current.get("retry_attempted")) or bool(
+        state["retry_attempted"]
+    )
+    if any(row.error_class for row in rows):
+        updates["reason"] = state["reason"]
+    return updates
+
+
 def delivery_event(row: DeliveryRow) -> dict[str, object] | None:
     if row.state == DELIVERED:
         return {
@@ -135,7 +151,9 @@ class MirrorSync:
                     report.files_written += 1
             last_seq = batch[-1].seq
         self.sync_deliveries(events, report)
-        self.storage.set_mirror_watermark(self.mirror_id, last_seq, self.jsonl.size())
+        size = self.jsonl.size()
+        if (last_seq, size) != (seq, offset):  # no write at all when nothing happened
+            self.storage.set_mirror_watermark(self.mirror_id, last_seq, size)
         return report
 
     def sync_deliveries(
@@ -193,7 +211,7 @@ class MirrorSync:
             except markdown.MalformedMarkdown as exc:
                 report.problems.append(f"{path}: {exc}; left as it is")
                 continue
-            merged = {**current, **matter}
+            merged = {**current, **delivery_updates(current, matter, record_rows)}
             if merged != current:
                 markdown.write_atomic(path, markdown.render(merged, body), durable=False)
                 report.front_matter_updated += 1

@@ -8,6 +8,7 @@ without waiting). Readers get their own engine with plain deferred BEGIN.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,9 @@ def make_engine(settings: Settings, *, writer: bool = True) -> Engine:
     if url.startswith("sqlite"):
         path = sqlite_path(url)
         if path is not None and writer:
-            _prepare_sqlite_file(path)
+            # When this fails SQLite reports it on first use, and the write then falls back.
+            with contextlib.suppress(OSError):
+                _prepare_sqlite_file(path)
         engine = create_engine(
             url,
             connect_args={"timeout": settings.busy_timeout, "check_same_thread": False},

@@ -24,11 +24,19 @@ def migrations_dir() -> Path:
 
 
 def current_revision(engine: Engine) -> str | None:
+    """The stored revision, or None for a database without the version table.
+
+    Pass a read-only engine: on SQLite a reader is not held up by another process's write
+    lock, so checking an up-to-date database never waits.
+    """
     try:
         with engine.connect() as conn:
             row = conn.execute(text("SELECT version_num FROM alembic_version")).first()
-    except (OperationalError, ProgrammingError):
-        return None
+    except (OperationalError, ProgrammingError) as exc:
+        message = str(exc.orig).lower()
+        if "no such table" in message or "does not exist" in message:
+            return None
+        raise
     return row[0] if row else None
 
 
@@ -42,9 +50,9 @@ def alembic_config(engine_url: str | None = None):  # type: ignore[no-untyped-de
     return config
 
 
-def upgrade(engine: Engine) -> bool:
+def upgrade(engine: Engine, reader: Engine | None = None) -> bool:
     """Run pending migrations in one transaction; returns whether anything ran."""
-    if current_revision(engine) == SCHEMA_REVISION:
+    if current_revision(reader or engine) == SCHEMA_REVISION:
         return False
     from alembic import command
 

@@ -41,7 +41,8 @@ records = Table(
     Column("tags", JSON, nullable=False),
     Column("meta", JSON, nullable=False),
     Column("slug", String(128), nullable=False),
-    Column("markdown_name", String(255), nullable=False),
+    # A file name inside the markdown folder, or an absolute path for an adopted legacy file.
+    Column("markdown_name", String(1024), nullable=False),
     Column("origin", String(255), nullable=False),
     Column("created_at", Float, nullable=False),
 )

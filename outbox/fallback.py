@@ -1,0 +1,128 @@
+"""The fallback queue: where a write goes when the database cannot take it (contract 3, 5).
+
+The file is the seed-000 markdown format, written atomically (temp file, fsync, rename, fsync
+of the folder) because it is then the only copy. Its name goes into a small append-only index
+in the same folder, so opening the outbox finds its own fallback files without scanning a
+folder that may hold a million mirror files, even while the database is unavailable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from sqlalchemy.exc import DBAPIError
+
+from outbox.errors import MirrorBusy
+from outbox.mirror import markdown
+from outbox.record import Record
+from outbox.slugs import markdown_filename
+
+INDEX_NAME = ".outbox-fallback.idx"
+
+# What makes a write go to the fallback file instead of failing.
+UNAVAILABLE = (DBAPIError, OSError, MirrorBusy)
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The front-matter ``reason`` for a database that could not take a write (pure)."""
+    if isinstance(exc, MirrorBusy):
+        return "db_busy"
+    text = str(getattr(exc, "orig", None) or exc).lower()
+    code = getattr(exc, "errno", None)
+    if "locked" in text or "busy" in text or "timeout" in text:
+        return "db_busy"
+    if (
+        "readonly" in text
+        or "read-only" in text
+        or code in (errno.EROFS, errno.EACCES, errno.EPERM)
+    ):
+        return "readonly"
+    if "full" in text or code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return "disk_full"
+    if "not a database" in text or "malformed" in text:
+        return "corrupt"
+    if "unable to open" in text or "disk i/o" in text or code == errno.EIO:
+        return "io_error"
+    return "unknown"
+
+
+class FallbackQueue:
+    """Writes fallback files and keeps the index of those not yet imported."""
+
+    def __init__(self, folder: Path, sinks: tuple[str, ...]) -> None:
+        self.folder = folder
+        self.sinks = sinks
+
+    @property
+    def index_path(self) -> Path:
+        return self.folder / INDEX_NAME
+
+    def _front_matter(self, record: Record, reason: str) -> dict[str, object]:
+        matter = markdown.front_matter(
+            record,
+            intended_brain_store="brainlayer" in self.sinks,
+            reason=reason,
+            sink_states=dict.fromkeys(self.sinks, "pending"),
+        )
+        matter["outbox_fallback"] = True
+        if record.metadata:
+            matter["metadata"] = dict(record.metadata)
+        return matter
+
+    def write(self, record: Record, reason: str) -> tuple[Path, bool]:
+        """Durably write the record's fallback file; returns (path, already there)."""
+        markdown.ensure_dir(self.folder)
+        data = markdown.render(self._front_matter(record, reason), record.content)
+        for collision in (None, record.key):
+            path = self.folder / markdown_filename(record.timestamp, record.slug, collision)
+            if markdown.write_atomic(path, data, exclusive=True):
+                self._remember(path.name)
+                return path, False
+            with contextlib.suppress(OSError, markdown.MalformedMarkdown):
+                if markdown.read(path)[0].get("key") == record.key:
+                    return path, True
+        raise FileExistsError(errno.EEXIST, "no free fallback file name")
+
+    def _remember(self, name: str) -> None:
+        fd = os.open(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, name.encode("utf-8") + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def claim_index(self) -> Iterator[list[Path]]:
+        """Take the index over for import; names appended meanwhile go to a fresh index.
+
+        Caller holds the mirror lock, so only one importer runs; an importer that died left
+        its ``.processing`` file behind and the next one picks it up.
+        """
+        processing = self.folder / f"{INDEX_NAME}.processing"
+        if self.index_path.exists():
+            if processing.exists():
+                with processing.open("ab") as target:
+                    target.write(self.index_path.read_bytes())
+                self.index_path.unlink()
+            else:
+                os.replace(self.index_path, processing)
+        if not processing.exists():
+            yield []
+            return
+        names = dict.fromkeys(
+            line.strip() for line in processing.read_text(encoding="utf-8").splitlines()
+        )
+        yield [self.folder / name for name in names if name]
+        processing.unlink(missing_ok=True)
+
+    def pending_count(self) -> int:
+        """How many fallback files wait for import (cheap: reads the index only)."""
+        total = 0
+        for path in (self.index_path, self.folder / f"{INDEX_NAME}.processing"):
+            with contextlib.suppress(FileNotFoundError):
+                total += sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line)
+        return total

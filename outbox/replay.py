@@ -1,0 +1,228 @@
+"""Import pending markdown files into the outbox (contract section 4a).
+
+Two sources: the outbox's own fallback files (found through the fallback index on every open)
+and folders of files the seed-000 skill left behind (``outbox replay DIR``). Each file stays
+where it is, under its own name, and becomes its record's markdown mirror; nothing is moved or
+deleted, and a file whose record is already in the outbox adds nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from outbox.errors import ValidationError
+from outbox.keys import canonical_timestamp, idempotency_key
+from outbox.mirror import markdown
+from outbox.record import DEFAULT_IMPORTANCE, Record, check_content, check_importance, check_tags
+
+if TYPE_CHECKING:
+    from outbox.api import Outbox
+
+log = logging.getLogger(__name__)
+
+REPLAY_LIMIT = 100
+BATCH = 100
+
+
+@dataclass
+class ReplayReport:
+    pending: int = 0
+    imported: list[str] = field(default_factory=list)
+    already: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    refused: str | None = None
+    not_reached: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.refused is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "pending": self.pending,
+            "imported": self.imported,
+            "already_in_outbox": self.already,
+            "skipped": [{"file": name, "why": why} for name, why in self.skipped],
+            "warnings": self.warnings,
+            "refused": self.refused,
+            "not_reached": self.not_reached,
+        }
+
+
+@dataclass(frozen=True)
+class PendingFile:
+    path: Path
+    record: Record
+    matter: dict[str, Any]
+
+
+class Skip(Exception):
+    """A file that cannot be imported; its reason is reported and the replay goes on."""
+
+
+def is_pending(matter: dict[str, Any]) -> bool:
+    """Seed 000's rule (intended for BrainLayer, no chunk id yet), plus our own fallback files."""
+    chunk = matter.get("chunk_id")
+    empty_chunk = chunk is None or (isinstance(chunk, str) and not chunk.strip())
+    if matter.get("outbox_fallback") is True:
+        return True
+    return matter.get("intended_brain_store") is True and empty_chunk
+
+
+def load_pending(path: Path, min_length: int, max_bytes: int) -> PendingFile | None:
+    """The record a pending file describes; None when the file is not pending; Skip if bad."""
+    try:
+        matter, body = markdown.read(path)
+    except markdown.MalformedMarkdown as exc:
+        raise Skip(str(exc)) from None
+    except OSError as exc:
+        raise Skip(f"cannot read it ({exc.strerror})") from None
+    if not is_pending(matter):
+        return None
+    if "timestamp" not in matter or matter["timestamp"] in (None, ""):
+        raise Skip("front matter has no timestamp")
+    try:
+        content = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Skip("body is not valid UTF-8") from None
+    try:
+        ts = canonical_timestamp(matter["timestamp"])
+        content = check_content(content, min_length=min_length, max_bytes=max_bytes)
+        importance = check_importance(matter.get("importance", DEFAULT_IMPORTANCE))
+        raw_tags = matter.get("tags")
+        if isinstance(raw_tags, str):
+            raw_tags = [tag for tag in raw_tags.split(",") if tag.strip()]
+        tags = check_tags(raw_tags)
+    except ValidationError as exc:
+        raise Skip(str(exc)) from None
+    metadata = matter.get("metadata") if isinstance(matter.get("metadata"), dict) else {}
+    stem = path.stem
+    slug = stem[11:] if len(stem) > 11 and stem[4] == "-" and stem[10] == "-" else stem
+    record = Record(
+        key=idempotency_key(content, ts),
+        timestamp=ts,
+        content=content,
+        importance=importance,
+        tags=tags,
+        metadata=metadata or {},
+        slug=slug[:128],
+    )
+    return PendingFile(path, record, matter)
+
+
+class Replayer:
+    """Imports pending files into one open outbox."""
+
+    def __init__(self, outbox: Outbox) -> None:
+        self.outbox = outbox
+
+    def _name_for(self, path: Path) -> str:
+        """Relative inside the markdown folder, absolute elsewhere (the file stays put)."""
+        folder = self.outbox.settings.markdown_dir.resolve()
+        resolved = path.resolve()
+        return resolved.name if resolved.parent == folder else str(resolved)
+
+    def _load(self, paths: Iterable[Path], report: ReplayReport) -> list[PendingFile]:
+        settings = self.outbox.settings
+        found: list[PendingFile] = []
+        for path in paths:
+            try:
+                pending = load_pending(
+                    path, settings.min_content_length, settings.max_content_bytes
+                )
+            except Skip as exc:
+                report.skipped.append((str(path), str(exc)))
+                continue
+            if pending is None:
+                continue
+            for name in ("importance", "tags"):
+                if name not in pending.matter:
+                    report.warnings.append(f"{path}: no {name} in front matter; imported default")
+            found.append(pending)
+        return found
+
+    def import_files(
+        self,
+        files: list[PendingFile],
+        report: ReplayReport,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        """Commit in batches; adopt each file as its record's mirror and stamp its key."""
+        for start in range(0, len(files), BATCH):
+            chunk = files[start : start + BATCH]
+            unique: dict[str, PendingFile] = {}
+            for item in chunk:
+                if item.record.key in unique:
+                    report.already.append(str(item.path))
+                else:
+                    unique[item.record.key] = item
+            adopted = {key: self._name_for(item.path) for key, item in unique.items()}
+            accepted = self.outbox.writer.commit([i.record for i in unique.values()], adopted)
+            for entry in accepted:
+                item = unique[entry.record.key]
+                if entry.duplicate:
+                    report.already.append(str(item.path))
+                    continue
+                report.imported.append(str(item.path))
+                updates: dict[str, Any] = {"key": entry.record.key}
+                if item.matter.get("outbox_fallback") is True:
+                    updates["outbox_fallback"] = False
+                try:
+                    markdown.update_front_matter(item.path, updates)
+                except OSError as exc:
+                    report.warnings.append(
+                        f"{item.path}: front matter not updated ({exc.strerror})"
+                    )
+            if progress:
+                progress(min(start + BATCH, len(files)), len(files))
+
+    def replay_dir(
+        self,
+        folder: Path,
+        budget: int | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> ReplayReport:
+        """``outbox replay DIR``: refuse above 100 pending files without a budget."""
+        report = ReplayReport()
+        if not folder.is_dir():
+            report.refused = f"{folder} is not a folder"
+            return report
+        paths = sorted(
+            Path(entry.path)
+            for entry in os.scandir(folder)
+            if entry.name.endswith(".md") and not entry.name.startswith(".") and entry.is_file()
+        )
+        files = self._load(paths, report)
+        report.pending = len(files)
+        if budget is None and len(files) > REPLAY_LIMIT:
+            report.refused = (
+                f"{len(files)} pending files is more than {REPLAY_LIMIT}; "
+                "pass --budget N to import N of them"
+            )
+            return report
+        if budget is not None and len(files) > budget:
+            report.not_reached = len(files) - budget
+            files = files[:budget]
+        self.import_files(files, report, progress)
+        self.outbox._notify()
+        return report
+
+    def import_own_fallback(self) -> ReplayReport:
+        """Bring this outbox's fallback files in, through the index (no folder scan)."""
+        report = ReplayReport()
+        queue = self.outbox.fallback
+        with queue.claim_index() as paths:
+            existing = [path for path in paths if path.exists()]
+            files = self._load(existing, report)
+            report.pending = len(files)
+            self.import_files(files, report)
+        if report.imported:
+            log.info("imported %d fallback records", len(report.imported))
+        return report
