@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from outbox.store.schema import metadata
+from outbox.store.schema import is_search_index, metadata
 
 config = context.config
 
@@ -15,6 +15,7 @@ def _run(connection) -> None:  # type: ignore[no-untyped-def]
         target_metadata=metadata,
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
+        include_name=lambda name, _type, _parent: not is_search_index(name),
     )
     with context.begin_transaction():
         context.run_migrations()

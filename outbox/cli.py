@@ -288,6 +288,68 @@ def _replay_bar(done: int, total: int) -> None:
     sys.stderr.flush()
 
 
+# -- recall and MCP ----------------------------------------------------------------------
+
+
+def _clip(text: str, width: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from outbox.memory_core import MemoryService
+
+    service = MemoryService(_open())
+    try:
+        answer = service.query_raw_memories(args.query, n_results=args.n, session_id=args.session)
+    finally:
+        service.close()
+    lines = [f"{'source':<8} {'score':>8}  {'timestamp':<27} memory"]
+    for row in answer["results"]:
+        text = row.get("content") or f"{row.get('prompt', '')} → {row.get('response', '')}"
+        lines.append(
+            f"{row['source']:<8} {row['score']:>8.4f}  {row['timestamp']:<27} {_clip(text, 80)}"
+        )
+    if not answer["results"]:
+        lines = ["no memories match"]
+    if answer.get("degraded"):
+        lines.append(f"note: {answer['degraded']}; showing memories found by their words only")
+    _emit(args, answer, "\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_recent(args: argparse.Namespace) -> int:
+    from outbox.memory_core import MemoryService
+
+    service = MemoryService(_open())
+    try:
+        answer = service.query_recent_turns(
+            session_id=args.session, agent=args.agent, limit=args.limit, before=args.before
+        )
+    finally:
+        service.close()
+    lines = [f"{'timestamp':<27} {'session':<12} memory"]
+    for row in answer["turns"]:
+        text = row.get("content") or f"{row.get('prompt', '')} → {row.get('response', '')}"
+        lines.append(
+            f"{row['timestamp']:<27} {str(row['sessionId'] or '-')[:12]:<12} {_clip(text, 80)}"
+        )
+    if not answer["turns"]:
+        lines = ["no memories yet"]
+    elif answer["nextCursor"]:
+        cursor = answer["nextCursor"]
+        lines.append(f"more: --before '{cursor['timestamp']}|{cursor['id']}'")
+    _emit(args, answer, "\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from outbox.mcp_server import serve
+
+    serve(drain=args.drain, store_wait=args.store_wait)
+    return EXIT_OK
+
+
 # -- parser ------------------------------------------------------------------------------
 
 
@@ -329,6 +391,24 @@ def build_parser() -> argparse.ArgumentParser:
     replay = command("replay", cmd_replay, "import pending fallback or legacy markdown files")
     replay.add_argument("dir", nargs="?", metavar="DIR", help="default: OUTBOX_MARKDOWN_DIR")
     replay.add_argument("--budget", type=int, default=None, help="import at most N files")
+
+    search = command("search", cmd_search, "recall by meaning and by words")
+    search.add_argument("query", metavar="QUERY")
+    search.add_argument("-n", type=int, default=10, help="how many results (default 10)")
+    search.add_argument("--session", help="only this session")
+    recent = command("recent", cmd_recent, "the newest memories first")
+    recent.add_argument("--limit", type=int, default=20)
+    recent.add_argument("--session", help="only this session")
+    recent.add_argument("--agent", help="only this agent")
+    recent.add_argument("--before", help="cursor 'TIMESTAMP|KEY' from the previous page")
+    mcp = command("mcp", cmd_mcp, "serve the memory tools over MCP on stdio", json_flag=False)
+    mcp.add_argument("--drain", action="store_true", help="also deliver in the background")
+    mcp.add_argument(
+        "--store-wait",
+        type=float,
+        default=0.0,
+        help="brain_store waits up to S seconds for a concrete sink id",
+    )
 
     dead = command("dead", cmd_dead, "list, show, retry or discard dead letters")
     dead.add_argument("action", choices=["list", "show", "retry", "discard"])

@@ -196,7 +196,13 @@ class _SinkWorker:
                 "; dead letter" if next_at is None else "; will retry",
             )
             log.debug("failure detail for %s: %s", claim.key[:12], failure.message)
-        storage.settle(d.owner, delivered, failed, now)
+        storage.settle(
+            d.owner,
+            delivered,
+            failed,
+            now,
+            purge_search_index=bool(getattr(self._sink, "semantic", False)),
+        )
         self.progress.delivered += len(delivered)
         self.progress.batches += 1
         d.mirror_outcomes()

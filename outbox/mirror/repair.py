@@ -68,6 +68,28 @@ def delivery_updates(
     return updates
 
 
+def cut_short(path: Path, record: Record, rows: list[DeliveryRow]) -> bool:
+    """Whether ``path`` is a file whose writer died creating it (killed between open and
+    write, or power lost before its data reached the disk): a proper prefix of what the
+    writer wrote. Nobody else wrote into it, so repair may replace it."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    body = record.content.encode("utf-8")
+    if data.endswith(markdown.FENCE + body):  # complete (the usual case): no render needed
+        return False
+    initial = markdown.render(
+        markdown.front_matter(
+            record,
+            intended_brain_store=any(row.sink == "brainlayer" for row in rows),
+            sink_states={row.sink: PENDING for row in rows},
+        ),
+        body,
+    )
+    return len(data) < len(initial) and initial.startswith(data)
+
+
 def delivery_event(row: DeliveryRow) -> dict[str, object] | None:
     if row.state == DELIVERED:
         return {
@@ -141,14 +163,19 @@ class MirrorSync:
             markdown.ensure_dir(self.markdown_dir)
             for item in batch:
                 path = self.markdown_dir / item.markdown_name
-                if path.exists():
-                    continue
                 rows = deliveries.get(item.record.key, [])
+                torn = cut_short(path, item.record, rows)
+                if not torn and path.exists():
+                    continue
                 matter = markdown_state(
                     item.record, rows, any(row.sink == "brainlayer" for row in rows)
                 )
-                if markdown.write_new(path, markdown.render(matter, item.record.content)):
-                    report.files_written += 1
+                data = markdown.render(matter, item.record.content)
+                if torn:
+                    markdown.write_atomic(path, data, durable=False)
+                elif not markdown.write_new(path, data):
+                    continue
+                report.files_written += 1
             last_seq = batch[-1].seq
         self.sync_deliveries(events, report)
         size = self.jsonl.size()

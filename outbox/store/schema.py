@@ -23,7 +23,7 @@ from sqlalchemy import (
 )
 
 # Bumped with every migration; opening compares it to alembic_version before loading Alembic.
-SCHEMA_REVISION = "0001"
+SCHEMA_REVISION = "0002"
 
 metadata = MetaData()
 
@@ -118,3 +118,11 @@ mirror_state = Table(
 )
 
 FRONTIER_NODE_ID = "frontier"
+
+# Created by migration 0002 outside the metadata (an FTS5 virtual table and its shadow tables
+# on SQLite, an expression index on PostgreSQL); schema comparison skips these names.
+SEARCH_INDEX_NAMES = ("records_fts", "ix_records_content_fts")
+
+
+def is_search_index(name: str | None) -> bool:
+    return bool(name) and str(name).startswith(SEARCH_INDEX_NAMES)

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, func, select, update
+from sqlalchemy import Connection, Engine, and_, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from outbox.record import Record
@@ -150,6 +150,11 @@ class Storage:
         ).scalar()
         if seq is None:
             return None
+        if self.dialect == "sqlite":
+            conn.execute(
+                text("INSERT INTO records_fts(rowid, content) VALUES (:seq, :content)"),
+                {"seq": seq, "content": record.content},
+            )
         session_id = meta.get("session_id")
         agent = meta.get("agent")
         conn.execute(
@@ -324,18 +329,33 @@ class Storage:
         delivered: Sequence[tuple[int, str]],
         failed: Sequence[tuple[int, str, str, float | None]],
         now: float | None = None,
+        *,
+        purge_search_index: bool = False,
     ) -> tuple[list[int], list[int]]:
         """Record outcomes of one batch in one transaction, guarded by lease ownership.
 
         ``delivered`` holds (delivery id, sink id); ``failed`` holds (delivery id, error text,
         error class, next attempt time or None for a dead letter). Returns the ids actually
         updated (a row whose lease was taken over is left to its new owner).
+        ``purge_search_index`` drops delivered records from the lexical overlay (set when
+        the sink is the vector index).
         """
         now = time.time() if now is None else now
         done: list[int] = []
         dead_or_retry: list[int] = []
         owned = and_(deliveries.c.lease_owner == owner, deliveries.c.state == LEASED)
         with self.engine.begin() as conn:
+            if purge_search_index and delivered and self.dialect == "sqlite":
+                # The vector index holds these now: the lexical overlay no longer needs them.
+                conn.execute(
+                    text(
+                        "INSERT INTO records_fts(records_fts, rowid, content) "
+                        "SELECT 'delete', r.seq, r.content FROM records r "
+                        "JOIN deliveries d ON d.record_key = r.key "
+                        "WHERE d.id = :id AND d.lease_owner = :owner AND d.state = 'leased'"
+                    ),
+                    [{"id": delivery_id, "owner": owner} for delivery_id, _ in delivered],
+                )
             for delivery_id, sink_id in delivered:
                 result = conn.execute(
                     update(deliveries)

@@ -1,0 +1,239 @@
+"""``outbox mcp``: memory-core's tools for any MCP client, over stdio.
+
+Tool arguments keep neo.mjs's names (``prompt``, ``sessionId``, ``nResults``…) and
+``brain_store`` takes BrainLayer's input schema, so agents switch without edits. An accepted
+write never comes back as an error envelope; invalid input is a tool error with one line.
+Calls run in worker threads so a slow database never stalls the protocol loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server.lowlevel.server import Server
+from mcp.server.stdio import stdio_server
+
+from outbox import __version__
+from outbox.errors import OutboxError, ValidationError
+from outbox.memory_core import MemoryService
+
+log = logging.getLogger(__name__)
+
+_STRING = {"type": "string"}
+_READ_ONLY = types.ToolAnnotations(read_only_hint=True)
+
+TOOLS: list[types.Tool] = [
+    types.Tool(
+        name="add_memory",
+        description=(
+            "Save this turn (prompt, thought, response) as a memory. Returns at once once the "
+            "write is durable; query_recent_turns sees it immediately."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "prompt": {"type": "string", "description": "the user's verbatim prompt"},
+                "thought": {"type": "string", "description": "the agent's reasoning"},
+                "response": {"type": "string", "description": "the final response"},
+                "sessionId": _STRING,
+                "agent": _STRING,
+                "model": _STRING,
+            },
+            "required": ["prompt", "thought", "response"],
+        },
+    ),
+    types.Tool(
+        name="query_recent_turns",
+        description="Newest memories first (recency recall), paged with nextCursor.",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
+                "sessionId": _STRING,
+                "agent": _STRING,
+                "before": {
+                    "type": "object",
+                    "properties": {"timestamp": _STRING, "id": _STRING},
+                    "required": ["timestamp"],
+                },
+            },
+        },
+        annotations=_READ_ONLY,
+    ),
+    types.Tool(
+        name="query_raw_memories",
+        description=(
+            "Search memories by meaning (vector index) and by words (memories not embedded "
+            "yet), fused; each result says where it came from."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "query": _STRING,
+                "nResults": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
+                "sessionId": _STRING,
+            },
+            "required": ["query"],
+        },
+        annotations=_READ_ONLY,
+    ),
+    types.Tool(
+        name="brain_store",
+        description=(
+            "Store a memory (BrainLayer's brain_store input). Says Stored only with a "
+            "concrete id from the sink; otherwise Queued, which is durable."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "content": _STRING,
+                "tags": {"type": "array", "items": _STRING},
+                "importance": {"type": "integer", "minimum": 1, "maximum": 10},
+                "project": _STRING,
+                "memory_type": _STRING,
+            },
+            "required": ["content"],
+        },
+    ),
+    types.Tool(
+        name="outbox_status",
+        description="Counts per sink and state, oldest pending age, dead letters.",
+        input_schema={"type": "object", "properties": {}},
+        annotations=_READ_ONLY,
+    ),
+]
+
+
+def _optional(args: dict[str, Any], name: str) -> Any:
+    value = args.get(name)
+    return None if value in (None, "") else value
+
+
+class ToolHandlers:
+    """Maps each tool name to a MemoryService call with neo.mjs's argument names."""
+
+    def __init__(self, service: MemoryService, store_wait: float = 0.0) -> None:
+        self.service = service
+        self.store_wait = store_wait
+        self.calls: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+            "add_memory": self.add_memory,
+            "query_recent_turns": self.query_recent_turns,
+            "query_raw_memories": self.query_raw_memories,
+            "brain_store": self.brain_store,
+            "outbox_status": lambda _args: self.service.outbox.status(),
+        }
+
+    def add_memory(self, args: dict[str, Any]) -> dict[str, Any]:
+        return self.service.add_memory(
+            prompt=args.get("prompt"),  # type: ignore[arg-type]
+            thought=args.get("thought"),  # type: ignore[arg-type]
+            response=args.get("response"),  # type: ignore[arg-type]
+            session_id=_optional(args, "sessionId"),
+            agent=_optional(args, "agent"),
+            model=_optional(args, "model"),
+        )
+
+    def query_recent_turns(self, args: dict[str, Any]) -> dict[str, Any]:
+        return self.service.query_recent_turns(
+            session_id=_optional(args, "sessionId"),
+            agent=_optional(args, "agent"),
+            limit=int(args.get("limit") or 20),
+            before=_optional(args, "before"),
+        )
+
+    def query_raw_memories(self, args: dict[str, Any]) -> dict[str, Any]:
+        return self.service.query_raw_memories(
+            query=args.get("query"),  # type: ignore[arg-type]
+            n_results=int(args.get("nResults") or 10),
+            session_id=_optional(args, "sessionId"),
+        )
+
+    def brain_store(self, args: dict[str, Any]) -> dict[str, Any]:
+        metadata = {name: args[name] for name in ("project", "memory_type") if args.get(name)}
+        receipt = self.service.remember(
+            args.get("content"),  # type: ignore[arg-type]
+            importance=args.get("importance", 5),
+            tags=args.get("tags"),
+            metadata=metadata or None,
+        )
+        if self.store_wait > 0 and receipt.status == "queued":
+            receipt = self.service.outbox.wait_delivered(receipt.key, timeout=self.store_wait)
+        answer = receipt.to_dict()
+        answer["chunk_id"] = receipt.sink_ids.get("brainlayer")
+        return answer
+
+    def call(self, name: str, args: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+        """(result, error text): exactly one is set."""
+        handler = self.calls.get(name)
+        if handler is None:
+            return None, f"unknown tool {name!r}"
+        try:
+            return handler(args), ""
+        except (ValidationError, OutboxError) as exc:
+            return None, str(exc)
+        except (TypeError, ValueError) as exc:
+            return None, f"invalid arguments: {exc.__class__.__name__}"
+
+
+def build_server(handlers: ToolHandlers) -> Server[Any]:
+    async def list_tools(
+        _ctx: Any, _params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=TOOLS)
+
+    async def call_tool(_ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        args = dict(params.arguments or {})
+        result, error = await anyio.to_thread.run_sync(handlers.call, params.name, args)
+        if result is None:
+            return types.CallToolResult(
+                content=[types.TextContent(type="text", text=error)], is_error=True
+            )
+        text = result.get("message") or json.dumps(result, ensure_ascii=False, default=str)
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=text)],
+            structured_content=json.loads(json.dumps(result, default=str)),
+        )
+
+    return Server(
+        "outbox",
+        version=__version__,
+        instructions="Durable agent memory: add_memory never fails; recall is read-after-write.",
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+    )
+
+
+def serve(drain: bool = False, store_wait: float = 0.0) -> None:
+    """Run the stdio server; with ``drain`` a dispatcher delivers in a background thread."""
+    service = MemoryService()
+    handlers = ToolHandlers(service, store_wait=store_wait)
+    stop = threading.Event()
+    dispatcher_thread = None
+    if drain:
+        from outbox.dispatch.dispatcher import Dispatcher
+
+        dispatcher = Dispatcher(service.outbox)
+        dispatcher_thread = threading.Thread(
+            target=dispatcher.run, args=(stop,), name="outbox-mcp-dispatcher", daemon=True
+        )
+        dispatcher_thread.start()
+    server = build_server(handlers)
+
+    async def main() -> None:
+        async with stdio_server() as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+
+    try:
+        anyio.run(main)
+    finally:
+        stop.set()
+        if dispatcher_thread is not None:
+            dispatcher_thread.join(timeout=service.outbox.settings.sink_timeout + 5)
+            dispatcher.close()
+        service.close()

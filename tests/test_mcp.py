@@ -1,0 +1,163 @@
+"""A real MCP client (stdio_client + ClientSession) against `outbox mcp` as a subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+from outbox import Outbox, load_settings
+
+SINK = "outbox.testing.sinks:FaultySink"
+
+
+def _params(tmp_path: Path, *extra: str) -> StdioServerParameters:
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": str(tmp_path),
+        "OUTBOX_HOME": str(tmp_path / ".outbox"),
+        "OUTBOX_MARKDOWN_DIR": str(tmp_path / "md"),
+        "OUTBOX_SINKS": SINK,
+        "OUTBOX_POLL_INTERVAL": "0.1",
+    }
+    return StdioServerParameters(
+        command=sys.executable, args=["-m", "outbox", "mcp", *extra], env=env, cwd=str(tmp_path)
+    )
+
+
+async def _session_calls(tmp_path: Path) -> dict[str, Any]:
+    async with (
+        stdio_client(_params(tmp_path)) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await asyncio.wait_for(session.initialize(), 30)
+        tools = await session.list_tools()
+        added = await session.call_tool(
+            "add_memory",
+            {
+                "prompt": "Which port does the staging Chroma server listen on?",
+                "thought": "The runbook says the loopback port for staging.",
+                "response": "Staging Chroma listens on 127.0.0.1 port 18765 (zanzibar).",
+                "sessionId": "s-1",
+                "agent": "@tester",
+            },
+        )
+        recent = await session.call_tool("query_recent_turns", {"limit": 5})
+        raw = await session.call_tool("query_raw_memories", {"query": "zanzibar staging"})
+        stored = await session.call_tool(
+            "brain_store",
+            {"content": "Decision: keep WAL FULL.", "tags": ["decision"], "importance": 7},
+        )
+        bad = await session.call_tool(
+            "add_memory", {"prompt": " ", "thought": "t", "response": "r"}
+        )
+        status = await session.call_tool("outbox_status", {})
+        return {
+            "tools": tools,
+            "added": added,
+            "recent": recent,
+            "raw": raw,
+            "stored": stored,
+            "bad": bad,
+            "status": status,
+        }
+
+
+def test_every_tool_over_stdio(tmp_path: Path) -> None:
+    out = asyncio.run(_session_calls(tmp_path))
+    names = {tool.name for tool in out["tools"].tools}
+    assert {
+        "add_memory",
+        "query_recent_turns",
+        "query_raw_memories",
+        "brain_store",
+        "outbox_status",
+    } <= names
+
+    added = out["added"]
+    assert not added.is_error
+    body = added.structured_content
+    assert "error" not in body
+    assert body["status"] == "queued" and body["sessionId"] == "s-1"
+    assert body["visibility"]["recencyQueryable"] is True
+    assert body["visibility"]["semanticQueryable"] is False
+
+    # Read-after-write with no dispatcher running: recency and the lexical overlay see it.
+    turns = out["recent"].structured_content["turns"]
+    assert turns[0]["id"] == body["id"] and turns[0]["agent"] == "@tester"
+    assert turns[0]["response"].endswith("(zanzibar).")
+    hits = out["raw"].structured_content["results"]
+    assert hits and hits[0]["id"] == body["id"] and hits[0]["source"] == "pending"
+
+    stored = out["stored"]
+    assert not stored.is_error
+    assert stored.structured_content["status"] == "queued"
+    assert stored.structured_content["chunk_id"] is None
+    assert "Stored" not in stored.content[0].text
+
+    bad = out["bad"]
+    assert bad.is_error
+    assert bad.content[0].text == "invalid prompt: is only whitespace"
+
+    status = out["status"].structured_content
+    assert status["records"] == 2 and status["sinks"][SINK]["pending"] == 2
+
+
+async def _add_then_kill(tmp_path: Path, count: int) -> list[str]:
+    keys: list[str] = []
+    async with (
+        stdio_client(_params(tmp_path)) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await asyncio.wait_for(session.initialize(), 30)
+        for i in range(count):
+            result = await session.call_tool(
+                "add_memory",
+                {"prompt": f"question {i}", "thought": "thinking", "response": f"answer {i}"},
+            )
+            keys.append(result.structured_content["id"])
+        # One more call in flight while the server is killed.
+        pending = asyncio.ensure_future(
+            session.call_tool(
+                "add_memory", {"prompt": "last", "thought": "t", "response": "in flight"}
+            )
+        )
+        await asyncio.sleep(0)
+        for proc in _server_processes(tmp_path):
+            os.kill(proc, signal.SIGKILL)
+        with pytest.raises(Exception):  # noqa: B017 - any transport failure is expected
+            await asyncio.wait_for(pending, 10)
+    return keys
+
+
+def _server_processes(tmp_path: Path) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"mcp" in cmdline and str(tmp_path).encode() in environ:
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_killing_the_server_loses_no_accepted_write(tmp_path: Path) -> None:
+    keys = asyncio.run(_add_then_kill(tmp_path, 20))
+    settings = load_settings(
+        env={}, home=tmp_path / ".outbox", markdown_dir=tmp_path / "md", sinks=SINK
+    )
+    with Outbox.open(settings) as ob:
+        stored = ob.storage.get_records(keys)
+        assert set(stored) == set(keys)
+        assert ob.verify().ok
