@@ -343,6 +343,16 @@ def cmd_recent(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from outbox.demo import run
+
+    ok = run(Path(args.dir))
+    print("demo complete" if ok else "demo finished with a surprise: see the lines above")
+    return EXIT_OK if ok else EXIT_FAILED
+
+
 def cmd_mcp(args: argparse.Namespace) -> int:
     from outbox.mcp_server import serve
 
@@ -401,6 +411,10 @@ def build_parser() -> argparse.ArgumentParser:
     recent.add_argument("--session", help="only this session")
     recent.add_argument("--agent", help="only this agent")
     recent.add_argument("--before", help="cursor 'TIMESTAMP|KEY' from the previous page")
+    demo = command("demo", cmd_demo, "the whole loop on the embedded default", json_flag=False)
+    demo.add_argument(
+        "--dir", default="outbox-demo", help="folder for the demo (default ./outbox-demo)"
+    )
     mcp = command("mcp", cmd_mcp, "serve the memory tools over MCP on stdio", json_flag=False)
     mcp.add_argument("--drain", action="store_true", help="also deliver in the background")
     mcp.add_argument(

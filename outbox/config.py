@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -36,6 +37,7 @@ class Settings:
     chroma_url: str | None = None
     chroma_collection: str = "agent-memory"
     brainlayer_db: Path | None = None
+    brainlayer_mcp: str | None = None
     embedding: str = "minilm"
     max_retries: int = 10
     batch_size: int = 64
@@ -134,6 +136,8 @@ def _gather(env: Mapping[str, str], overrides: Mapping[str, Any]) -> dict[str, t
             name = str(key).lower()
             if name not in _NAMES:
                 raise ConfigError(f"{path}: {key}", "is not a setting (see outbox.example.yaml)")
+            if value is None:  # an empty entry means "the default"
+                continue
             raw[name] = (f"{ENV_PREFIX}{name.upper()} (from {path})", value)
     for name in _NAMES:
         env_name = ENV_PREFIX + name.upper()
@@ -160,7 +164,14 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
     for name in ("jsonl_path", "markdown_dir", "chroma_path", "brainlayer_db"):
         if get(name):
             values[name] = Path(str(get(name)[1]))
-    for name in ("db_url", "chroma_url", "chroma_collection", "embedding", "mirror_id"):
+    for name in (
+        "db_url",
+        "chroma_url",
+        "chroma_collection",
+        "brainlayer_mcp",
+        "embedding",
+        "mirror_id",
+    ):
         if get(name):
             values[name] = str(get(name)[1]).strip()
     if get("sinks"):
@@ -197,6 +208,19 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         r"[A-Za-z0-9][A-Za-z0-9._-]{1,510}[A-Za-z0-9]", values["chroma_collection"]
     ):
         raise ConfigError("OUTBOX_CHROMA_COLLECTION", "needs 3-512 characters from [A-Za-z0-9._-]")
+    if values.get("embedding") and not re.fullmatch(
+        r"minilm|hashing|[\w.]+:[\w.]+", values["embedding"]
+    ):
+        raise ConfigError(
+            "OUTBOX_EMBEDDING", f"use minilm, hashing or module:attr, got {values['embedding']!r}"
+        )
+    if values.get("brainlayer_mcp"):
+        try:
+            argv = shlex.split(values["brainlayer_mcp"])
+        except ValueError as exc:
+            raise ConfigError("OUTBOX_BRAINLAYER_MCP", f"cannot split it ({exc})") from None
+        if not argv or not argv[0]:
+            raise ConfigError("OUTBOX_BRAINLAYER_MCP", "names no command")
     if values.get("chroma_url") and not re.match(r"^https?://[^/\s]+", values["chroma_url"]):
         raise ConfigError(
             "OUTBOX_CHROMA_URL", f"expected http://host:port, got {values['chroma_url']!r}"

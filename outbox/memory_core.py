@@ -198,8 +198,8 @@ class MemoryService:
             where = {"session_id": session_id} if session_id else None
             try:
                 hits = self._vector_index().search(query, n_results, where)
-                vector_ids = list(hits["ids"])
-                distances = dict(zip(hits["ids"], hits["distances"], strict=False))
+                vector_ids = list(hits.ids)
+                distances = dict(zip(hits.ids, hits.distances, strict=False))
             except Exception as exc:
                 degraded = f"vector index unavailable ({exc.__class__.__name__})"
                 log.warning("semantic leg of query_raw_memories failed: %s", degraded)
