@@ -19,6 +19,7 @@ from sqlalchemy import Connection
 from outbox.config import Settings, load_settings
 from outbox.errors import StoreFailed
 from outbox.fallback import UNAVAILABLE, FallbackQueue, failure_reason
+from outbox.mirror import markdown
 from outbox.mirror.jsonl import JsonlLog
 from outbox.mirror.lock import MirrorLock
 from outbox.mirror.repair import MirrorSync, RepairReport
@@ -80,15 +81,21 @@ class Outbox:
             )
 
     @classmethod
-    def open(cls, settings: Settings | None = None, **overrides: Any) -> Outbox:
-        """Open with settings from the environment, YAML file and defaults (keywords win)."""
+    def open(
+        cls, settings: Settings | None = None, *, repair: bool = True, **overrides: Any
+    ) -> Outbox:
+        """Open with settings from the environment, YAML file and defaults (keywords win).
+
+        ``repair=False`` leaves the fallback import and mirror repair to a later
+        ``sync_mirrors()`` call, for a caller that wants its write to come first.
+        """
         if settings is None:
             settings = load_settings(**overrides)
         try:
-            settings.home.mkdir(parents=True, mode=0o700, exist_ok=True)
+            markdown.ensure_dir(settings.home)
         except OSError as exc:
             log.warning("cannot create %s (%s)", settings.home, exc.strerror)
-        return cls(settings)
+        return cls(settings, repair=repair)
 
     def _ensure_schema(self) -> None:
         if not self._migrated:
@@ -257,7 +264,8 @@ class Outbox:
             "records": self.storage.count_records(),
             "sinks": per_sink,
             "dead_letters": sum(entry["dead"] for entry in per_sink.values()),
-            "database": self.settings.db_url,
+            # Never the password of a PostgreSQL URL: status output ends up in logs and issues.
+            "database": self.engine.url.render_as_string(hide_password=True),
             "jsonl_path": str(self.settings.jsonl_path),
             "markdown_dir": str(self.settings.markdown_dir),
         }
@@ -312,6 +320,7 @@ class Outbox:
 
     def close(self) -> None:
         self.lock.close()
+        self.jsonl.close()
         self.engine.dispose()
         if self.reader is not self.engine:
             self.reader.dispose()

@@ -71,17 +71,10 @@ class Writer:
             return ""
         return str(matter.get("key") or "")
 
-    def choose_markdown_name(self, conn: Connection, record: Record) -> str:
-        """The contract name, or the ``-<key8>`` variant when another key owns it."""
-        name = markdown_filename(record.timestamp, record.slug)
-        owner_elsewhere = self.storage.markdown_name_taken(conn, name, record.key)
-        if not owner_elsewhere:
-            path = self.markdown_dir / name
-            if path.exists() and self._file_owner(path) != record.key:
-                owner_elsewhere = True
-        if owner_elsewhere:
-            name = markdown_filename(record.timestamp, record.slug, collision_key=record.key)
-        return name
+    def _taken_on_disk(self, name: str, key: str) -> bool:
+        """A file of that name exists and is not this record's (a legacy or foreign file)."""
+        path = self.markdown_dir / name
+        return path.exists() and self._file_owner(path) != key
 
     # -- the transaction ------------------------------------------------------------------
 
@@ -93,10 +86,15 @@ class Writer:
         ``adopt`` names an existing markdown file (a fallback or legacy file) that becomes
         the record's mirror instead of a new one.
         """
-        existing = self.storage.get_record(record.key, conn)
-        if existing is not None:
+        name = adopt or markdown_filename(record.timestamp, record.slug)
+        exists, taken = self.storage.lookup(conn, record.key, name)
+        if exists:
+            existing = self.storage.get_record(record.key, conn)
+            assert existing is not None
             return Accepted(existing.record, None, existing.markdown_name, True)
-        name = adopt or self.choose_markdown_name(conn, record)
+        if not adopt and (taken or self._taken_on_disk(name, record.key)):
+            # The contract's rule: never overwrite another key's file; add -<key8>.
+            name = markdown_filename(record.timestamp, record.slug, collision_key=record.key)
         seq = self.storage.insert_record(
             conn, record, sinks=self.sinks, markdown_name=name, origin=self.origin, now=now
         )

@@ -57,6 +57,26 @@ class JsonlLog:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._cached: tuple[int, str] | None = None  # (file size, hash of last line)
+        self._fd: int | None = None
+
+    def _handle(self) -> int:
+        """The open append handle, reopened when the file was replaced or removed."""
+        try:
+            current = os.stat(self.path).st_ino
+        except FileNotFoundError:
+            current = None
+        if self._fd is not None and current != os.fstat(self._fd).st_ino:
+            self.close()
+        if self._fd is None:
+            self.path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+            self._cached = None
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def _tail(self, fd: int, size: int) -> tuple[int, str]:
         """Cut a torn last line left by a dead writer and return (size, last line's hash)."""
@@ -85,31 +105,27 @@ class JsonlLog:
         """Append events as chained lines in one write; undo a partial write."""
         if not events:
             return
-        self.path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = self._handle()
+        size = os.fstat(fd).st_size
+        if self._cached and self._cached[0] == size:
+            prev = self._cached[1]
+        else:
+            size, prev = self._tail(fd, size)
+        lines = []
+        for event in events:
+            line = encode(event, prev)
+            prev = line_hash(line)
+            lines.append(line)
+        data = b"\n".join(lines) + b"\n"
         try:
-            size = os.fstat(fd).st_size
-            if self._cached and self._cached[0] == size:
-                prev = self._cached[1]
-            else:
-                size, prev = self._tail(fd, size)
-            lines = []
-            for event in events:
-                line = encode(event, prev)
-                prev = line_hash(line)
-                lines.append(line)
-            data = b"\n".join(lines) + b"\n"
-            try:
-                written = os.write(fd, data)
-                if written != len(data):
-                    raise OSError(28, "short write to the JSONL mirror")
-            except OSError:
-                os.ftruncate(fd, size)
-                self._cached = None
-                raise
-            self._cached = (size + len(data), prev)
-        finally:
-            os.close(fd)
+            written = os.write(fd, data)
+            if written != len(data):
+                raise OSError(28, "short write to the JSONL mirror")
+        except OSError:
+            os.ftruncate(fd, size)
+            self._cached = None
+            raise
+        self._cached = (size + len(data), prev)
 
     def repair_tail(self) -> int:
         """Cut a torn last line; returns the resulting size (0 when the file is missing)."""

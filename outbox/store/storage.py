@@ -7,12 +7,13 @@ No method holds a transaction open while anything outside the database runs.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, func, select, text, update
+from sqlalchemy import Connection, Engine, and_, bindparam, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from outbox.record import Record
@@ -99,6 +100,73 @@ def _row_to_delivery(row: Any) -> DeliveryRow:
     )
 
 
+def _node_row(record: Record, meta: dict[str, Any]) -> dict[str, Any]:
+    """The AGENT_MEMORY node of a record (neo.mjs's shape, keyed by the record key)."""
+    session_id, agent = meta.get("session_id"), meta.get("agent")
+    return {
+        "id": record.key,
+        "label": "AGENT_MEMORY",
+        "session_id": str(session_id) if session_id is not None else None,
+        "agent": str(agent) if agent is not None else None,
+        "ts": record.timestamp,
+        "properties": {
+            "name": f"Memory: {record.timestamp}",
+            "timestamp": record.timestamp,
+            "importance": record.importance,
+            "semanticVectorId": record.key,
+        },
+    }
+
+
+def _edge_row(record: Record) -> dict[str, Any]:
+    return {
+        "source": FRONTIER_NODE_ID,
+        "target": record.key,
+        "type": "SPAWNED_MEMORY",
+        "weight": 0.8,
+        "properties": {},
+    }
+
+
+def _delivery_row(record: Record, sink: str, now: float) -> dict[str, Any]:
+    return {
+        "record_key": record.key,
+        "sink": sink,
+        "state": PENDING,
+        "attempts": 0,
+        "available_at": now,
+        "lease_owner": None,
+        "lease_expires_at": None,
+        "last_error": None,
+        "error_class": None,
+        "sink_id": None,
+        "mirror_pending": 0,
+        "created_at": now,
+        "updated_at": now,
+        "delivered_at": None,
+    }
+
+
+class _Compiled:
+    """A Core statement compiled once to the driver's SQL and parameter order.
+
+    The write path runs these on the raw SQLite connection: the SQL is still written once,
+    in SQLAlchemy, but each execution skips about 50 µs of per-statement overhead.
+    """
+
+    def __init__(self, statement: Any, dialect: Any) -> None:
+        compiled = statement.compile(dialect=dialect)
+        self.sql = str(compiled)
+        self.order = list(compiled.positiontup or [])
+
+    def args(self, params: dict[str, Any]) -> list[Any]:
+        return [params[name] for name in self.order]
+
+
+def _binds(table: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {col.name: bindparam(col.name) for col in table.columns if col.name not in skip}
+
+
 class Storage:
     """Reads and writes of records, graph and deliveries over one SQLAlchemy engine."""
 
@@ -107,14 +175,51 @@ class Storage:
         self.reader = reader or engine
         self.dialect = engine.dialect.name
         self._insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
+        self._fast: dict[str, _Compiled] = {}
+        if self.dialect == "sqlite":
+            dialect = engine.dialect
+            self._fast = {
+                "lookup": _Compiled(
+                    select(records.c.key, records.c.markdown_name).where(
+                        (records.c.key == bindparam("key"))
+                        | (records.c.markdown_name == bindparam("name"))
+                    ),
+                    dialect,
+                ),
+                "record": _Compiled(
+                    sqlite.insert(records)
+                    .values(_binds(records, ("seq",)))
+                    .on_conflict_do_nothing(index_elements=["key"])
+                    .returning(records.c.seq),
+                    dialect,
+                ),
+                "node": _Compiled(graph_nodes.insert().values(_binds(graph_nodes)), dialect),
+                "edge": _Compiled(
+                    graph_edges.insert().values(_binds(graph_edges, ("id",))), dialect
+                ),
+                "delivery": _Compiled(
+                    deliveries.insert().values(_binds(deliveries, ("id",))), dialect
+                ),
+            }
 
     # -- the write path -------------------------------------------------------------------
 
-    def markdown_name_taken(self, conn: Connection, name: str, key: str) -> bool:
-        row = conn.execute(
-            select(records.c.key).where(records.c.markdown_name == name).limit(1)
-        ).first()
-        return row is not None and row.key != key
+    def lookup(self, conn: Connection, key: str, name: str) -> tuple[bool, bool]:
+        """(the key exists, another key owns the markdown name): one query for both."""
+        if self._fast:
+            statement = self._fast["lookup"]
+            cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            rows = cursor.execute(statement.sql, statement.args({"key": key, "name": name}))
+            found = rows.fetchall()
+        else:
+            found = conn.execute(
+                select(records.c.key, records.c.markdown_name).where(
+                    (records.c.key == key) | (records.c.markdown_name == name)
+                )
+            ).all()
+        exists = any(row[0] == key for row in found)
+        taken = any(row[0] != key and row[1] == name for row in found)
+        return exists, taken
 
     def insert_record(
         self,
@@ -130,6 +235,10 @@ class Storage:
 
         Returns the new ``seq``, or None when the key already exists (nothing is written).
         """
+        if self._fast:
+            return self._insert_sqlite(
+                conn, record, sinks=sinks, markdown_name=markdown_name, origin=origin, now=now
+            )
         meta = dict(record.metadata)
         seq = conn.execute(
             self._insert(records)
@@ -150,57 +259,61 @@ class Storage:
         ).scalar()
         if seq is None:
             return None
-        if self.dialect == "sqlite":
-            conn.execute(
-                text("INSERT INTO records_fts(rowid, content) VALUES (:seq, :content)"),
-                {"seq": seq, "content": record.content},
-            )
-        session_id = meta.get("session_id")
-        agent = meta.get("agent")
-        conn.execute(
-            graph_nodes.insert(),
-            {
-                "id": record.key,
-                "label": "AGENT_MEMORY",
-                "session_id": str(session_id) if session_id is not None else None,
-                "agent": str(agent) if agent is not None else None,
-                "ts": record.timestamp,
-                "properties": {
-                    "name": f"Memory: {record.timestamp}",
-                    "timestamp": record.timestamp,
-                    "importance": record.importance,
-                    "semanticVectorId": record.key,
-                },
-            },
-        )
-        conn.execute(
-            graph_edges.insert(),
-            {
-                "source": FRONTIER_NODE_ID,
-                "target": record.key,
-                "type": "SPAWNED_MEMORY",
-                "weight": 0.8,
-                "properties": {},
-            },
-        )
+        conn.execute(graph_nodes.insert(), _node_row(record, meta))
+        conn.execute(graph_edges.insert(), _edge_row(record))
         if sinks:
-            conn.execute(
-                deliveries.insert(),
-                [
-                    {
-                        "record_key": record.key,
-                        "sink": sink,
-                        "state": PENDING,
-                        "attempts": 0,
-                        "available_at": now,
-                        "mirror_pending": 0,
-                        "created_at": now,
-                        "updated_at": now,
-                    }
-                    for sink in sinks
-                ],
-            )
+            conn.execute(deliveries.insert(), [_delivery_row(record, s, now) for s in sinks])
         return int(seq)
+
+    def _insert_sqlite(
+        self,
+        conn: Connection,
+        record: Record,
+        *,
+        sinks: Sequence[str],
+        markdown_name: str,
+        origin: str,
+        now: float,
+    ) -> int | None:
+        """The same rows as the portable path, through the raw driver connection."""
+        fast = self._fast
+        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        meta = dict(record.metadata)
+        row = cursor.execute(
+            fast["record"].sql,
+            fast["record"].args(
+                {
+                    "key": record.key,
+                    "ts": record.timestamp,
+                    "content": record.content,
+                    "importance": record.importance,
+                    "tags": json.dumps(list(record.tags)),
+                    "meta": json.dumps(meta),
+                    "slug": record.slug,
+                    "markdown_name": markdown_name,
+                    "origin": origin,
+                    "created_at": now,
+                }
+            ),
+        ).fetchone()
+        if row is None:
+            return None
+        seq = int(row[0])
+        cursor.execute(
+            "INSERT INTO records_fts(rowid, content) VALUES (?, ?)", (seq, record.content)
+        )
+        node = _node_row(record, meta)
+        node["properties"] = json.dumps(node["properties"])
+        cursor.execute(fast["node"].sql, fast["node"].args(node))
+        edge = _edge_row(record)
+        edge["properties"] = json.dumps(edge["properties"])
+        cursor.execute(fast["edge"].sql, fast["edge"].args(edge))
+        if sinks:
+            delivery = fast["delivery"]
+            cursor.executemany(
+                delivery.sql, [delivery.args(_delivery_row(record, sink, now)) for sink in sinks]
+            )
+        return seq
 
     # -- reads ----------------------------------------------------------------------------
 
