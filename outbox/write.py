@@ -20,6 +20,7 @@ from outbox.receipt import QUEUED, STORED, Receipt
 from outbox.record import Record
 from outbox.slugs import markdown_filename
 from outbox.store.storage import DELIVERED, Storage
+from outbox.store.wakeup import notify
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ class Writer:
                 accepted = [
                     self.insert(conn, record, now, adopted.get(record.key)) for record in records
                 ]
+                notify(conn)
             self.write_mirrors(
                 [item for item in accepted if not item.duplicate],
                 skip_markdown={key for key in adopted},

@@ -42,7 +42,7 @@ def _wait_for(predicate: object, timeout: float = 30.0) -> bool:
 def test_a_hung_sink_does_not_delay_another(settings: Settings, tmp_path: Path) -> None:
     settings = replace(settings, sinks=(A, B), sink_timeout=60.0, poll_interval=0.05)
     healthy = FaultySink(tmp_path / "a.db", A, fail_rate=0, hang=0)
-    hung = FaultySink(tmp_path / "b.db", B, fail_rate=0, hang=6)
+    hung = FaultySink(tmp_path / "b.db", B, fail_rate=0, hang=50)
     with Outbox.open(settings) as ob:
         keys = [ob.add(f"memory {i} for two sinks").key for i in range(40)]
         dispatcher = Dispatcher(ob, sink_objects={A: healthy, B: hung}, batch_size=10)
@@ -57,7 +57,7 @@ def test_a_hung_sink_does_not_delay_another(settings: Settings, tmp_path: Path) 
             assert counts[B]["leased"] == 10
         finally:
             dispatcher.stop_event.set()
-            hung.hang = 0
+            hung.release()
             runner.join(timeout=40)
             dispatcher.close()
         assert set(healthy.stored()) == set(keys)

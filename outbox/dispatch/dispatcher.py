@@ -26,6 +26,7 @@ from outbox.record import Record
 from outbox.sinks.base import Delivered, NotDelivered, Outcome, Sink
 from outbox.sinks.registry import load_sink
 from outbox.store.storage import DEAD, LEASED, PENDING, Claim
+from outbox.store.wakeup import Listener
 
 if TYPE_CHECKING:
     from outbox.api import Outbox
@@ -311,7 +312,13 @@ class Dispatcher:
         if stop is not None:
             self.stop_event = stop
         wakes = {name: threading.Event() for name in self.workers}
-        self.outbox.add_listener(lambda: [event.set() for event in wakes.values()])
+
+        def wake_all() -> None:
+            for event in wakes.values():
+                event.set()
+
+        self.outbox.add_listener(wake_all)
+        Listener(self.outbox.engine, wake_all, self.stop_event).start()
         threads = [
             threading.Thread(
                 target=self._run_sink,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import random
 import sqlite3
-import time
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -52,6 +52,7 @@ class FaultySink:
         self.error_text = env.get("OUTBOX_FAULTY_ERROR", "Transport closed")
         self.reject = env.get("OUTBOX_FAULTY_REJECT") or None
         self.hang = float(env.get("OUTBOX_FAULTY_HANG", "0") or 0) if hang is None else hang
+        self._released = threading.Event()
         seed = env.get("OUTBOX_FAULTY_SEED")
         self.random = random.Random(int(seed) if seed else None)
         db_path.parent.mkdir(parents=True, exist_ok=True)
@@ -73,7 +74,7 @@ class FaultySink:
 
     def deliver(self, batch: Sequence[Record]) -> list[Outcome]:
         if self.hang:
-            time.sleep(self.hang)
+            self._released.wait(self.hang)
         outcomes: list[Outcome] = []
         keep: list[Record] = []
         for record in batch:
@@ -94,6 +95,10 @@ class FaultySink:
                 [(record.key, record.content) for record in keep],
             )
         return outcomes
+
+    def release(self) -> None:
+        """End every hang now and from now on (a hung server that comes back)."""
+        self._released.set()
 
     def stored(self) -> dict[str, int]:
         """key -> how many times it was (idempotently) delivered."""
