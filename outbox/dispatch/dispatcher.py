@@ -130,11 +130,19 @@ class _SinkWorker:
                 )
 
     def _abandon(self) -> None:
-        """Leave a hung call behind: a fresh thread and sink object serve the next batch."""
+        """Leave a hung call behind: a fresh thread and sink object serve the next batch.
+
+        The old sink is closed in the background (its close may wait on the hung call), so
+        an MCP sink's server process or a store's handle is not left behind.
+        """
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
         self._executor = None
-        self._sink = None
+        old, self._sink = self._sink, None
+        if old is not None:
+            threading.Thread(
+                target=_close_quietly, args=(old, self.name), name="outbox-sink-close", daemon=True
+            ).start()
 
     def _isolate(self, batch: list[Record], claims: list[Claim], exc: Exception) -> list[Outcome]:
         """After a permanent whole-batch error, try records one by one, so one poison record
@@ -215,11 +223,15 @@ class _SinkWorker:
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
         if self._sink is not None:
-            try:
-                self._sink.close()
-            except Exception as exc:
-                log.warning("closing sink %s failed: %s", self.name, exc.__class__.__name__)
+            _close_quietly(self._sink, self.name)
         self._sink = None
+
+
+def _close_quietly(sink: Sink, name: str) -> None:
+    try:
+        sink.close()
+    except Exception as exc:
+        log.warning("closing sink %s failed: %s", name, exc.__class__.__name__)
 
 
 class Dispatcher:

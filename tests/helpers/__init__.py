@@ -1,0 +1,1 @@
+"""Test-only helpers: programs and fixtures that stand in for outside services."""
