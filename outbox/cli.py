@@ -68,8 +68,12 @@ def cmd_add(args: argparse.Namespace) -> int:
         max_bytes=settings.max_content_bytes,
     )
     from outbox.api import Outbox
+    from outbox.fallback import UNAVAILABLE
+    from outbox.receipt import FALLBACK
 
-    with Outbox.open(settings) as ob:
+    # The write first, the open-time repair after it: on a locked database the command then
+    # waits one busy timeout, not two (one for the repair, another for the write).
+    with Outbox.open(settings, repair=False) as ob:
         receipt = ob.add(
             content,
             importance=args.importance,
@@ -77,6 +81,13 @@ def cmd_add(args: argparse.Namespace) -> int:
             timestamp=args.timestamp,
             slug=args.slug,
         )
+        if receipt.status != FALLBACK:
+            try:
+                ob.sync_mirrors()
+            except UNAVAILABLE as exc:  # the write stands; the next open repairs
+                logging.getLogger("outbox").warning(
+                    "mirror repair after the write skipped (%s)", exc.__class__.__name__
+                )
     _emit(args, receipt.to_dict(), receipt.text)
     return EXIT_OK
 
@@ -452,7 +463,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
     except Exception as exc:  # the contract forbids tracebacks on the command line
-        return _fail(f"{exc.__class__.__name__}: {exc}", EXIT_FAILED)
+        # One line: SQLAlchemy's messages go on with the statement and a help link.
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return _fail(f"{exc.__class__.__name__}: {first}", EXIT_FAILED)
 
 
 if __name__ == "__main__":

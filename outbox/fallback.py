@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,8 +25,9 @@ from outbox.slugs import markdown_filename
 
 INDEX_NAME = ".outbox-fallback.idx"
 
-# What makes a write go to the fallback file instead of failing.
-UNAVAILABLE = (DBAPIError, OSError, MirrorBusy)
+# What makes a write go to the fallback file instead of failing. ``sqlite3.Error``: the SQLite
+# write path runs its statements on the raw driver connection, outside SQLAlchemy's wrapping.
+UNAVAILABLE = (DBAPIError, sqlite3.Error, OSError, MirrorBusy)
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -99,10 +102,30 @@ class FallbackQueue:
     def claim_index(self) -> Iterator[list[Path]]:
         """Take the index over for import; names appended meanwhile go to a fresh index.
 
-        Caller holds the mirror lock, so only one importer runs; an importer that died left
-        its ``.processing`` file behind and the next one picks it up.
+        One importer at a time across processes (an ``flock``): with two, the one that
+        finished first deleted the ``.processing`` file the other had just added names to,
+        and the other dying mid-import then lost them. An importer that finds the lock taken
+        imports nothing this time, since the holder is at it; one that died left its
+        ``.processing`` file behind and the next one picks it up.
         """
         processing = self.folder / f"{INDEX_NAME}.processing"
+        if not (self.index_path.exists() or processing.exists()):
+            yield []
+            return
+        fd = os.open(self.folder / f"{INDEX_NAME}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield []
+                return
+            with self._claimed(processing) as paths:
+                yield paths
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def _claimed(self, processing: Path) -> Iterator[list[Path]]:
         if self.index_path.exists():
             if processing.exists():
                 with processing.open("ab") as target:

@@ -148,6 +148,23 @@ class Replayer:
             found.append(pending)
         return found
 
+    def _not_yet_imported(
+        self, files: list[PendingFile], report: ReplayReport
+    ) -> list[PendingFile]:
+        """Report files whose record the outbox already holds, and leave them out.
+
+        They stay pending by seed 000's rule (only BrainLayer fills ``chunk_id``), so counting
+        them would spend a ``--budget`` on nothing and, past 100, refuse every later replay.
+        """
+        known = self.outbox.storage.get_records(item.record.key for item in files)
+        fresh: list[PendingFile] = []
+        for item in files:
+            if item.record.key in known:
+                report.already.append(str(item.path))
+            else:
+                fresh.append(item)
+        return fresh
+
     def import_files(
         self,
         files: list[PendingFile],
@@ -167,13 +184,13 @@ class Replayer:
             accepted = self.outbox.writer.commit([i.record for i in unique.values()], adopted)
             for entry in accepted:
                 item = unique[entry.record.key]
-                if entry.duplicate:
-                    report.already.append(str(item.path))
-                    continue
-                report.imported.append(str(item.path))
-                updates: dict[str, Any] = {"key": entry.record.key}
+                (report.already if entry.duplicate else report.imported).append(str(item.path))
+                updates: dict[str, Any] = {} if entry.duplicate else {"key": entry.record.key}
                 if item.matter.get("outbox_fallback") is True:
+                    # Its record is in the outbox now, whoever put it there: no longer queued.
                     updates["outbox_fallback"] = False
+                if not updates:
+                    continue
                 try:
                     markdown.update_front_matter(item.path, updates)
                 except OSError as exc:
@@ -199,7 +216,7 @@ class Replayer:
             for entry in os.scandir(folder)
             if entry.name.endswith(".md") and not entry.name.startswith(".") and entry.is_file()
         )
-        files = self._load(paths, report)
+        files = self._not_yet_imported(self._load(paths, report), report)
         report.pending = len(files)
         if budget is None and len(files) > REPLAY_LIMIT:
             report.refused = (

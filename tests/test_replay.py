@@ -1,0 +1,214 @@
+"""Replay of files the seed-000 fallback skill left behind (contract section 4a).
+
+The files under ``tests/fixtures/legacy/`` are hand-written in that skill's format; each test
+works on a copy. Replay is run as the real ``outbox replay`` command; deliveries through the
+``outbox drain`` command with the FaultySink.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from outbox import Outbox, Settings
+from tests.conftest import FAULTY
+from tests.helpers.checks import (
+    accepted_counts,
+    contract_key,
+    front_matter,
+    markdown_files,
+    split_markdown,
+)
+from tests.helpers.subproc import child_env, run_cli
+
+FIXTURES = Path(__file__).parent / "fixtures" / "legacy"
+
+# Pending files and the canonical timestamp each one's key is made from (section 2).
+PENDING = {
+    "2026-03-14-quoted-timestamp.md": "2026-03-14T09:15:00.000000Z",
+    "2026-03-15-bare-timestamp.md": "2026-03-15T16:40:05.250000Z",  # 18:40:05.250+02:00
+    "2025-12-31-named-for-another-day.md": "2026-01-02T23:59:59.000000Z",
+    "2026-03-16-no-importance-no-tags.md": "2026-03-16T07:00:00.000000Z",
+    "2026-03-19-duplicate-first.md": "2026-03-19T10:00:00.000000Z",
+}
+DUPLICATE = "2026-03-19-duplicate-second.md"  # same body and instant as duplicate-first
+MALFORMED = (
+    "2026-03-18-invalid-yaml.md",
+    "2026-03-18-no-closing-fence.md",
+    "2026-03-18-no-timestamp.md",
+)
+LEFT_ALONE = ("2026-03-17-already-stored.md", "2026-03-20-not-for-brainlayer.md")
+
+
+def _env(settings: Settings, **extra: str) -> dict[str, str]:
+    return child_env(settings.home, markdown_dir=str(settings.markdown_dir), **extra)
+
+
+def _replay_json(settings: Settings, *args: str) -> tuple[int, dict[str, object]]:
+    done = run_cli(["replay", *args, "--json"], cwd=settings.home.parent, env=_env(settings))
+    lines = done.stdout.decode("utf-8").splitlines()
+    assert len(lines) == 1, done.stdout  # --json: one object on stdout, nothing else
+    payload = json.loads(lines[0])
+    assert isinstance(payload, dict)
+    return done.returncode, payload
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in folder.iterdir()}
+
+
+@pytest.fixture
+def legacy(settings: Settings) -> Path:
+    """A copy of the fixtures as the markdown folder, where seed 000 left its files."""
+    shutil.copytree(FIXTURES, settings.markdown_dir)
+    return settings.markdown_dir
+
+
+def test_replay_of_seed_000_files(settings: Settings, legacy: Path) -> None:
+    original = _snapshot(legacy)
+    code, report = _replay_json(settings, str(legacy))
+    assert code == 0, report
+    assert report["refused"] is None and report["ok"] is True
+    assert sorted(Path(p).name for p in report["imported"]) == sorted(PENDING)  # type: ignore[union-attr]
+    assert [Path(p).name for p in report["already_in_outbox"]] == [DUPLICATE]  # type: ignore[union-attr]
+    skipped = {Path(s["file"]).name: s["why"] for s in report["skipped"]}  # type: ignore[union-attr]
+    assert sorted(skipped) == sorted(MALFORMED)
+    assert "closing" in skipped["2026-03-18-no-closing-fence.md"]
+    assert "YAML" in skipped["2026-03-18-invalid-yaml.md"]
+    assert "timestamp" in skipped["2026-03-18-no-timestamp.md"]
+    warnings = " ".join(report["warnings"])  # type: ignore[arg-type]
+    assert "2026-03-16-no-importance-no-tags.md: no importance" in warnings
+    assert "2026-03-16-no-importance-no-tags.md: no tags" in warnings
+    assert len(report["warnings"]) == 2  # type: ignore[arg-type]
+
+    # Nothing moved, deleted or added; the files not imported are untouched byte for byte.
+    after = _snapshot(legacy)
+    assert set(after) == set(original)
+    for name in (*MALFORMED, *LEFT_ALONE, DUPLICATE):
+        assert after[name] == original[name], name
+    keys = {}
+    for name, stamp in PENDING.items():
+        before_matter, body = split_markdown(FIXTURES / name)
+        matter, now_body = split_markdown(legacy / name)
+        assert now_body == body  # the body byte for byte
+        keys[name] = contract_key(body.decode("utf-8"), stamp)
+        assert matter.pop("key") == keys[name]  # gained its key, kept everything else
+        assert matter == before_matter
+
+    with Outbox.open(settings) as ob:
+        assert ob.storage.count_records() == len(PENDING)
+        for name, key in keys.items():
+            stored = ob.storage.get_record(key)
+            assert stored is not None, name
+            assert stored.markdown_name == name  # the file stays its record's mirror
+            assert stored.record.content.encode("utf-8") == split_markdown(legacy / name)[1]
+        defaults = ob.storage.get_record(keys["2026-03-16-no-importance-no-tags.md"])
+        assert defaults is not None and (defaults.record.importance, defaults.record.tags) == (
+            5,
+            (),
+        )
+        quoted = ob.storage.get_record(keys["2026-03-14-quoted-timestamp.md"])
+        assert quoted is not None
+        assert (quoted.record.importance, quoted.record.tags) == (8, ("decision", "storage"))
+    assert accepted_counts(settings.jsonl_path) == dict.fromkeys(keys.values(), 1)
+
+    # Deliver with the FaultySink: each file shows its delivery in place.
+    env = _env(settings, faulty_db=str(settings.home / "sink.db"))
+    drained = run_cli(["drain"], cwd=settings.home.parent, env=env)
+    assert drained.returncode == 0, drained.stdout + drained.stderr
+    for name, key in keys.items():
+        matter, body = split_markdown(legacy / name)
+        assert body == split_markdown(FIXTURES / name)[1]
+        assert matter["sinks"] == {FAULTY: "delivered"}
+        assert matter["sink_ids"] == {FAULTY: f"faulty-{key[:16]}"}
+        assert isinstance(matter["retry_attempted"], bool)
+        assert matter["chunk_id"] in (None, "")  # BrainLayer's id; the FaultySink has none
+    assert front_matter(legacy / "2026-03-15-bare-timestamp.md")["retry_attempted"] is True
+    assert set(_snapshot(legacy)) == set(original)
+
+    # Twice adds nothing: the same report, in words this time, and no new line anywhere.
+    jsonl = settings.jsonl_path.read_bytes()
+    again = run_cli(["replay", str(legacy)], cwd=settings.home.parent, env=_env(settings))
+    assert again.returncode == 0
+    text = again.stdout.decode("utf-8")
+    assert text.startswith(
+        f"0 imported, {len(PENDING) + 1} already in the outbox, 3 skipped, 0 left for a later run"
+    )
+    for name in MALFORMED:
+        assert f"skipped {legacy / name}: " in text
+    assert settings.jsonl_path.read_bytes() == jsonl
+    with Outbox.open(settings) as ob:
+        assert ob.storage.count_records() == len(PENDING)
+    verified = run_cli(["verify"], cwd=settings.home.parent, env=_env(settings))
+    assert verified.returncode == 0, verified.stdout
+
+
+SEED_FILE = """---
+intended_brain_store: true
+importance: {importance}
+tags: [bulk, legacy]
+timestamp: '2026-02-{day:02d}T{hour:02d}:{minute:02d}:00Z'
+reason: db_busy
+retry_attempted: false
+chunk_id:
+---
+Legacy memory number {number} from a long BrainLayer outage.
+"""
+
+
+def test_more_than_100_pending_files_need_a_budget(settings: Settings, tmp_path: Path) -> None:
+    """101 pending files outside the markdown folder: refused, then 40, then the other 61."""
+    folder = tmp_path / "old-session" / "decisions"
+    folder.mkdir(parents=True)
+    for number in range(101):
+        text = SEED_FILE.format(
+            importance=1 + number % 10,
+            day=1 + number % 28,
+            hour=number % 24,
+            minute=number % 60,
+            number=number,
+        )
+        (folder / f"2026-02-{1 + number % 28:02d}-legacy-{number:03d}.md").write_text(
+            text, encoding="utf-8"
+        )
+    original = _snapshot(folder)
+    cwd, env = settings.home.parent, _env(settings)
+
+    refused = run_cli(["replay", str(folder)], cwd=cwd, env=env)
+    assert refused.returncode == 1
+    assert refused.stdout.decode("utf-8").startswith("refused: 101 pending files")
+    assert "nothing imported" in refused.stdout.decode("utf-8")
+    code, report = _replay_json(settings, str(folder))
+    assert code == 1 and report["ok"] is False and report["imported"] == []
+    assert "101" in str(report["refused"])
+    assert _snapshot(folder) == original
+    with Outbox.open(settings) as ob:
+        assert ob.storage.count_records() == 0
+    assert accepted_counts(settings.jsonl_path) == {}
+
+    code, report = _replay_json(settings, str(folder), "--budget", "40")
+    assert code == 0
+    assert (len(report["imported"]), report["not_reached"]) == (40, 61)  # type: ignore[arg-type]
+    code, report = _replay_json(settings, str(folder), "--budget", "100")
+    assert code == 0
+    assert (len(report["imported"]), len(report["already_in_outbox"])) == (61, 40)  # type: ignore[arg-type]
+    assert report["not_reached"] == 0
+    code, report = _replay_json(settings, str(folder))  # nothing left to refuse over
+    assert code == 0 and report["imported"] == [] and len(report["already_in_outbox"]) == 101  # type: ignore[arg-type]
+
+    with Outbox.open(settings) as ob:
+        assert ob.storage.count_records() == 101
+        assert ob.verify().ok
+    counts = accepted_counts(settings.jsonl_path)
+    assert len(counts) == 101 and set(counts.values()) == {1}
+    assert sorted(p.name for p in markdown_files(folder)) == sorted(original)
+    for name, data in original.items():
+        matter, body = split_markdown(folder / name)
+        assert body == data.split(b"---\n", 2)[2]
+        assert len(matter["key"]) == 64
+    assert not markdown_files(settings.markdown_dir)  # imported where they are, not copied
+    verified = run_cli(["verify"], cwd=cwd, env=env)
+    assert verified.returncode == 0, verified.stdout
