@@ -176,7 +176,7 @@ class Outbox:
         try:
             path, existed = self.fallback.write(record, reason)
         except OSError as exc:
-            log.error("fallback write failed too (%s)", exc.strerror or exc.__class__.__name__)
+            log.warning("fallback write failed too (%s)", exc.strerror or exc.__class__.__name__)
             raise StoreFailed(store_failed_text(self.settings.sinks)) from None
         return Receipt(
             key=record.key,
@@ -208,12 +208,13 @@ class Outbox:
 
     # -- mirrors, status, verification ----------------------------------------------------
 
-    def sync_mirrors(self) -> RepairReport:
+    def sync_mirrors(self, full: bool = False) -> RepairReport:
         """Import waiting fallback files, then write whatever the mirrors lack (crash
-        leftovers, enqueued records, delivery outcomes)."""
+        leftovers, enqueued records, delivery outcomes). ``full`` checks every record, not
+        only those since the last repair."""
         self.import_fallback()
         with self.lock.hold():
-            self.last_repair = self.mirrors.run()
+            self.last_repair = self.mirrors.run(full=full)
         return self.last_repair
 
     def import_fallback(self) -> ReplayReport:

@@ -119,6 +119,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     with _open() as ob:
+        if args.repair:
+            ob.sync_mirrors(full=True)
         report = ob.verify()
     payload = {
         "ok": report.ok,
@@ -401,7 +403,10 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--slug", help="markdown file slug (default: derived from the content)")
 
     command("status", cmd_status, "counts per sink and state, oldest pending age, dead letters")
-    command("verify", cmd_verify, "check that mirrors and database agree")
+    verify = command("verify", cmd_verify, "check that mirrors and database agree")
+    verify.add_argument(
+        "--repair", action="store_true", help="first rewrite whatever any record's mirrors lack"
+    )
 
     drain = command("drain", cmd_drain, "deliver what is due, then stop")
     drain.add_argument("--timeout", type=float, default=None, help="stop claiming after S seconds")
@@ -450,8 +455,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed its one-line usage error
         return EXIT_INVALID if exc.code not in (0, None) else EXIT_OK
+    # A one-shot command speaks through its result and one error line; the long-running ones
+    # (run, drain, mcp) also log warnings, since nobody reads their return value.
+    quiet = logging.ERROR if args.command not in ("run", "drain", "mcp") else logging.WARNING
     logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
+        level=logging.INFO if args.verbose else quiet,
         format="outbox: %(levelname)s %(name)s: %(message)s",
     )
     try:

@@ -21,8 +21,11 @@ def _named(class_name: str, message: str, base: type[Exception] = Exception) -> 
         (ConnectionError("Transport closed"), "transport_closed", True),
         (_named("McpError", "-32000: Connection closed"), "transport_closed", True),
         (_named("ConnectError", "[Errno 111] Connection refused"), "transport_closed", True),
-        (ValueError("Could not connect to a Chroma server. Are you sure it is running?"),
-         "transport_closed", True),
+        (
+            ValueError("Could not connect to a Chroma server. Are you sure it is running?"),
+            "transport_closed",
+            True,
+        ),
         (_named("ReadOnlyError", "attempt to write a readonly database"), "readonly", True),
         (_named("BusyError", "database is locked"), "db_busy", True),
         (_named("WriterInUseError", "another writer is using x (pid 5)"), "db_busy", True),
@@ -31,8 +34,11 @@ def _named(class_name: str, message: str, base: type[Exception] = Exception) -> 
         (RuntimeError("DEFERRED: Memory queued (DB busy)"), "queued_null_chunk", True),
         (TimeoutError("timed out"), "timeout", True),
         (_named("ReadTimeout", "timed out"), "timeout", True),
-        (_named("InvalidArgumentError", "Collection expecting embedding with dimension of 384"),
-         "rejected", False),
+        (
+            _named("InvalidArgumentError", "Collection expecting embedding with dimension of 384"),
+            "rejected",
+            False,
+        ),
         (Rejected("content rejected"), "rejected", False),
         (TypeError("argument 'metadatas': Cannot convert"), "rejected", False),
         (_named("InternalError", "Error in compaction: Failed to apply logs"), "unknown", True),
@@ -44,8 +50,15 @@ def test_known_signals(exc: Exception, reason: str, transient: bool) -> None:
     assert (failure.reason, failure.transient) == (reason, transient)
 
 
-REASONS = {"transport_closed", "db_busy", "queued_null_chunk", "readonly", "timeout",
-           "rejected", "unknown"}
+REASONS = {
+    "transport_closed",
+    "db_busy",
+    "queued_null_chunk",
+    "readonly",
+    "timeout",
+    "rejected",
+    "unknown",
+}
 
 
 @given(st.text(max_size=200), st.sampled_from([RuntimeError, ValueError, OSError, KeyError]))

@@ -142,8 +142,9 @@ def test_expired_lease_is_taken_over_and_the_old_owner_cannot_settle(
         assert row.attempts == 2
 
 
-def test_cli_drain_and_dead_letters(settings: Settings, monkeypatch: pytest.MonkeyPatch,
-                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_drain_and_dead_letters(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("OUTBOX_HOME", str(settings.home))
     monkeypatch.setenv("OUTBOX_MARKDOWN_DIR", str(settings.markdown_dir))
     monkeypatch.setenv("OUTBOX_SINKS", A)
@@ -163,3 +164,22 @@ def test_cli_drain_and_dead_letters(settings: Settings, monkeypatch: pytest.Monk
     assert cli_main(["status", "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert status["sinks"][A]["discarded"] == 1 and status["dead_letters"] == 0
+
+
+def test_verify_repair_rewrites_a_file_lost_long_after_its_write(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Outbox.open(settings) as ob:
+        receipt = ob.add("a memory whose markdown file is deleted later")
+        ob.add("a second memory, so the watermark moves past the first")
+    with Outbox.open(settings):  # the open-time repair moves the watermark past both
+        pass
+    assert receipt.markdown_path is not None
+    receipt.markdown_path.unlink()
+    monkeypatch.setenv("OUTBOX_HOME", str(settings.home))
+    monkeypatch.setenv("OUTBOX_MARKDOWN_DIR", str(settings.markdown_dir))
+    monkeypatch.setenv("OUTBOX_SINKS", A)
+    assert cli_main(["verify"]) == 1
+    assert "is missing" in capsys.readouterr().out
+    assert cli_main(["verify", "--repair"]) == 0
+    assert receipt.markdown_path.read_bytes().endswith(b"deleted later")

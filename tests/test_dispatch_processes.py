@@ -33,8 +33,10 @@ def _env(settings: Settings, tmp_path: Path) -> dict[str, str]:
 
 def _dispatcher(env: dict[str, str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "outbox", "run"], env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [sys.executable, "-m", "outbox", "run"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
 
 
@@ -43,16 +45,19 @@ def test_two_dispatchers_and_a_sigkill_lose_and_double_nothing(
 ) -> None:
     total = 400
     with Outbox.open(settings) as ob:
-        keys = {r.key for r in ob.add_many(f"memory {i} for the process test" for i in range(total))}
+        keys = {
+            r.key for r in ob.add_many(f"memory {i} for the process test" for i in range(total))
+        }
     env = _env(settings, tmp_path)
     first, second = _dispatcher(env), _dispatcher(env)
     sink_db = tmp_path / "sink.db"
 
     def delivered_to_sink() -> int:
-        if not sink_db.exists():
+        try:
+            with sqlite3.connect(f"file:{sink_db}?mode=ro", uri=True, timeout=30) as conn:
+                return int(conn.execute("SELECT count(*) FROM delivered").fetchone()[0])
+        except sqlite3.OperationalError:  # not created yet by the dispatchers
             return 0
-        with sqlite3.connect(sink_db, timeout=30) as conn:
-            return int(conn.execute("SELECT count(*) FROM delivered").fetchone()[0])
 
     deadline = time.monotonic() + 60
     while delivered_to_sink() < total // 4 and time.monotonic() < deadline:

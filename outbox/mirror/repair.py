@@ -123,14 +123,17 @@ class MirrorSync:
         self.markdown_dir = markdown_dir
         self.mirror_id = mirror_id
 
-    def run(self) -> RepairReport:
-        """Caller holds the mirror lock."""
+    def run(self, full: bool = False) -> RepairReport:
+        """Caller holds the mirror lock. ``full`` rescans every record and the whole log
+        (``outbox verify --repair``), e.g. for a markdown file deleted long after its write."""
         report = RepairReport()
         before = self.jsonl.size()
         size = self.jsonl.repair_tail()
         report.torn_bytes_cut = before - size
         seq, offset = self.storage.mirror_watermark(self.mirror_id)
-        if offset > size:  # the log lost its tail (power loss) or was replaced: rescan it all
+        if full or not self.jsonl.continues_at(offset):
+            # The log lost its tail (power loss) or was replaced, maybe written to since:
+            # reading on from the old offset would miss lines, so rescan it all.
             seq, offset = 0, 0
         accepted: set[str] = set()
         events: set[tuple[str, str, str]] = set()

@@ -29,7 +29,9 @@ class TestFaultySinkConformance(SinkConformance):
 
     def stored_copies(self, settings: Settings, key: str) -> int:
         with sqlite3.connect(Path(settings.home).parent / "faulty.db") as conn:
-            return conn.execute("SELECT count(*) FROM delivered WHERE key = ?", (key,)).fetchone()[0]
+            return conn.execute("SELECT count(*) FROM delivered WHERE key = ?", (key,)).fetchone()[
+                0
+            ]
 
     def poison_content(self, settings: Settings) -> str:
         return f"this record carries the {POISON} that the sink refuses"
