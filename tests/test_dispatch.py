@@ -183,3 +183,14 @@ def test_verify_repair_rewrites_a_file_lost_long_after_its_write(
     assert "is missing" in capsys.readouterr().out
     assert cli_main(["verify", "--repair"]) == 0
     assert receipt.markdown_path.read_bytes().endswith(b"deleted later")
+
+
+def test_a_sink_that_cannot_load_leaves_its_rows_untouched(settings: Settings) -> None:
+    broken = "outbox.testing.sinks:NoSuchSink"
+    with Outbox.open(replace(settings, sinks=(broken,))) as ob:
+        receipt = ob.add("a memory for a sink whose module attribute is missing")
+        report = ob.drain(timeout=10)
+        assert not report.ok
+        assert report.sinks[broken].last_error == "ConfigError"
+        (row,) = ob.storage.deliveries_for([receipt.key])[receipt.key]
+        assert (row.state, row.attempts, row.error_class) == ("pending", 0, None)

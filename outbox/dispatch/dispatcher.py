@@ -162,6 +162,16 @@ class _SinkWorker:
         """Claim, deliver and settle one batch; returns how many rows were claimed."""
         d = self.dispatcher
         storage = d.outbox.storage
+        try:
+            self.sink  # noqa: B018 - load it before claiming: a load error is not the records'
+        except Exception as exc:
+            self.progress.last_error = exc.__class__.__name__
+            log.error(
+                "sink %s cannot be loaded (%s); its rows stay pending",
+                self.name,
+                exc.__class__.__name__,
+            )
+            return 0
         claims = storage.claim(self.name, d.owner, d.batch_size, d.lease_seconds)
         if not claims:
             return 0

