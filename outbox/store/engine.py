@@ -52,12 +52,30 @@ def make_engine(settings: Settings, *, writer: bool = True) -> Engine:
         )
         _install_sqlite_discipline(engine, settings, writer=writer)
         return engine
+    return _make_postgres_engine(url, settings)
+
+
+def _make_postgres_engine(db_url: str, settings: Settings) -> Engine:
+    """PostgreSQL through psycopg 3, with the busy timeout as ``lock_timeout``.
+
+    A bare ``postgresql://`` means psycopg 3 (the driver the ``postgres`` extra installs),
+    not whatever SQLAlchemy's default driver is. ``lock_timeout`` is at least 1 ms because 0
+    would mean "wait forever", the opposite of a zero busy timeout. ``options`` given in the
+    URL (a ``search_path``, say) are kept: connect arguments would otherwise replace them.
+    """
+    url = make_url(db_url)
+    if url.drivername == "postgresql":
+        url = url.set(drivername="postgresql+psycopg")
     connect_args: dict[str, Any] = {}
-    if "psycopg" in url or url.startswith("postgresql://"):
-        timeout_ms = int(settings.busy_timeout * 1000)
-        connect_args["options"] = f"-c lock_timeout={timeout_ms}"
+    if url.get_driver_name() in ("psycopg", "psycopg2"):
+        timeout_ms = max(1, int(settings.busy_timeout * 1000))
+        given = url.query.get("options", ())
+        options = [f"-c lock_timeout={timeout_ms}"]  # first, so the URL's own setting wins
+        options.extend([given] if isinstance(given, str) else given)
+        url = url.difference_update_query(["options"])
+        connect_args["options"] = " ".join(options)
         connect_args["connect_timeout"] = max(1, int(settings.busy_timeout) + 1)
-    return create_engine(url, connect_args=connect_args, pool_pre_ping=True)
+    return create_engine(url, connect_args=connect_args, pool_pre_ping=True, hide_parameters=True)
 
 
 def _install_sqlite_discipline(engine: Engine, settings: Settings, *, writer: bool) -> None:
