@@ -1,8 +1,8 @@
 """Full-text index over record content, for the pending overlay of semantic recall.
 
-On SQLite an FTS5 table with external content (the records table), kept in the write's own
-transaction; on PostgreSQL a GIN index over to_tsvector. Rows leave the SQLite index once the
-vector sink holds them, so the overlay only ever searches what the vector index lacks.
+On SQLite an FTS5 table (rowid = the record's seq), kept in the write's own transaction; on
+PostgreSQL a GIN index over to_tsvector. Rows leave the SQLite index once the vector sink
+holds them, so the overlay only ever searches what the vector index lacks.
 
 Revision ID: 0002
 Revises: 0001
@@ -22,10 +22,12 @@ depends_on = None
 def upgrade() -> None:
     dialect = op.get_bind().dialect.name
     if dialect == "sqlite":
+        # Its own copy of the text, not external content: rows are deleted when the vector
+        # sink holds them, and deleting a row FTS5 no longer has must be a harmless no-op
+        # (with external content it corrupts the index). The copy is bounded by the backlog.
         op.execute(
             "CREATE VIRTUAL TABLE records_fts USING fts5("
-            "content, content='records', content_rowid='seq', "
-            "tokenize='porter unicode61 remove_diacritics 2')"
+            "content, tokenize='porter unicode61 remove_diacritics 2')"
         )
         op.execute("INSERT INTO records_fts(rowid, content) SELECT seq, content FROM records")
     elif dialect == "postgresql":
