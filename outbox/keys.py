@@ -10,8 +10,6 @@ from datetime import UTC, date, datetime, time
 
 from outbox.errors import ValidationError
 
-_CANONICAL_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
-
 
 def parse_instant(value: str | datetime | date, field: str = "timestamp") -> datetime:
     """Turn an ISO 8601 string, a datetime or a date into an aware UTC datetime.
@@ -44,8 +42,12 @@ def parse_instant(value: str | datetime | date, field: str = "timestamp") -> dat
 
 
 def format_instant(instant: datetime) -> str:
-    """The canonical notation: UTC, six fractional digits, a trailing ``Z``."""
-    return instant.astimezone(UTC).strftime(_CANONICAL_FORMAT)
+    """The canonical notation: UTC, six fractional digits, a trailing ``Z``.
+
+    Built with isoformat, not strftime: glibc's ``%Y`` drops the zero padding of years < 1000.
+    """
+    utc = instant.astimezone(UTC).replace(tzinfo=None)
+    return utc.isoformat(timespec="microseconds") + "Z"
 
 
 def canonical_timestamp(value: str | datetime | date | None = None) -> str:

@@ -127,6 +127,26 @@ class JsonlLog:
             raise
         self._cached = (size + len(data), prev)
 
+    def continues_at(self, offset: int) -> bool:
+        """Whether the chain runs unbroken through ``offset``: a line boundary whose next line
+        (if any) names the hash of the line before it. A remembered offset that fails this
+        points into a log that lost its tail and was written to again since."""
+        if offset == 0:
+            return True
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            if offset > os.fstat(fd).st_size or os.pread(fd, 1, offset - 1) != b"\n":
+                return False
+            start = self._find_line_start(fd, offset - 1)
+            before = line_hash(os.pread(fd, offset - 1 - start, start))
+        finally:
+            os.close(fd)
+        following = next(self.lines(offset), None)
+        return following is None or following.event.get("prev") == before
+
     def repair_tail(self) -> int:
         """Cut a torn last line; returns the resulting size (0 when the file is missing)."""
         if not self.path.exists():

@@ -101,9 +101,16 @@ def parse(data: bytes) -> tuple[dict[str, Any], bytes]:
 
 
 def ensure_dir(folder: Path) -> None:
-    """Create the folder (and parents) owner-only when the library creates it."""
-    if not folder.is_dir():
-        folder.mkdir(parents=True, mode=0o700, exist_ok=True)
+    """Create the folder and every missing parent owner-only when the library creates them
+    (``mkdir(parents=True)`` gives the parents the umask's mode, not the one asked for)."""
+    if folder.is_dir():
+        return
+    missing = [folder]
+    while not missing[-1].parent.exists() and missing[-1].parent != missing[-1]:
+        missing.append(missing[-1].parent)
+    for path in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=0o700)
 
 
 def _fsync_dir(folder: Path) -> None:

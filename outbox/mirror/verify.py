@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from outbox.keys import idempotency_key
 from outbox.mirror import markdown
 from outbox.mirror.jsonl import JsonlLog
 from outbox.store.storage import Storage
@@ -37,16 +38,33 @@ def verify(storage: Storage, jsonl: JsonlLog, markdown_dir: Path, mirror_id: str
     for problem in jsonl.verify_chain():
         report.add(problem)
     accepted: Counter[str] = Counter()
-    for line in jsonl.lines():
+    # What each accepted line says besides its key; its content and timestamp are checked
+    # against the key itself, so an edit of the last line (which no later line chains) shows.
+    described: dict[str, tuple[object, object]] = {}
+    for number, line in enumerate(jsonl.lines(), start=1):
         report.jsonl_lines += 1
-        if line.event.get("event") == "accepted":
-            accepted[str(line.event.get("key"))] += 1
+        event = line.event
+        if event.get("event") != "accepted":
+            continue
+        key = str(event.get("key"))
+        accepted[key] += 1
+        content, timestamp = event.get("content"), event.get("timestamp")
+        if not (
+            isinstance(content, str)
+            and isinstance(timestamp, str)
+            and timestamp.isascii()
+            and idempotency_key(content, timestamp) == key
+        ):
+            report.add(f"{jsonl.path}: line {number}: content or timestamp does not match its key")
+        described[key] = (event.get("importance"), event.get("tags"))
     for item in storage.iter_records(origin=mirror_id):
         report.records += 1
         key = item.record.key
         count = accepted.pop(key, 0)
         if count != 1:
             report.add(f"record {key}: {count} accepted lines in {jsonl.path} (expected 1)")
+        elif described.get(key) != (item.record.importance, list(item.record.tags)):
+            report.add(f"record {key}: importance or tags in {jsonl.path} differ from the database")
         path = markdown_dir / item.markdown_name
         try:
             matter, body = markdown.read(path)
