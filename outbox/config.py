@@ -87,6 +87,17 @@ def _as_seconds(name: str, value: Any, minimum: float = 0.0) -> float:
     return seconds
 
 
+def _module_exists(module: str) -> bool:
+    """Whether a custom sink's module can be found, without importing the module itself
+    (a sink may be heavy; only the dispatcher loads it)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _as_sinks(value: Any) -> tuple[str, ...]:
     items = value if isinstance(value, list | tuple) else str(value).split(",")
     sinks: list[str] = []
@@ -98,6 +109,8 @@ def _as_sinks(value: Any) -> tuple[str, ...]:
             raise ConfigError(
                 "OUTBOX_SINKS", f"unknown sink {name!r} (use chroma, brainlayer or module:attr)"
             )
+        if name not in BUILTIN_SINKS and not _module_exists(name.partition(":")[0]):
+            raise ConfigError("OUTBOX_SINKS", f"sink {name!r}: no module of that name")
         if name not in sinks:
             sinks.append(name)
     if not sinks:

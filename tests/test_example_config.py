@@ -23,3 +23,12 @@ def test_template_values_equal_the_defaults(tmp_path: Path) -> None:
     defaults = load_settings(env={})
     for name in loaded:
         assert getattr(from_template, name) == getattr(defaults, name), name
+
+
+def test_a_custom_sink_whose_module_does_not_exist_is_refused_up_front() -> None:
+    import pytest
+
+    from outbox import ConfigError
+
+    with pytest.raises(ConfigError, match="OUTBOX_SINKS.*no module of that name"):
+        load_settings(env={"OUTBOX_SINKS": "chroma,no_such_package.sinks:Webhook"})
