@@ -122,9 +122,9 @@ CONTRACT_NAMES: dict[str, tuple[str, str, Any]] = {
     "OUTBOX_JSONL_PATH": ("/data/log.jsonl", "jsonl_path", Path("/data/log.jsonl")),
     "OUTBOX_MARKDOWN_DIR": ("notes/md", "markdown_dir", Path("notes/md")),
     "OUTBOX_SINKS": (
-        "chroma,brainlayer,pkg.mod:Sink",
+        "chroma,brainlayer,outbox.testing.sinks:NoopSink",
         "sinks",
-        ("chroma", "brainlayer", "pkg.mod:Sink"),
+        ("chroma", "brainlayer", "outbox.testing.sinks:NoopSink"),
     ),
     "OUTBOX_CHROMA_PATH": ("/data/chroma", "chroma_path", Path("/data/chroma")),
     "OUTBOX_CHROMA_URL": ("http://127.0.0.1:8000", "chroma_url", "http://127.0.0.1:8000"),
