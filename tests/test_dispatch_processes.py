@@ -8,7 +8,10 @@ import sqlite3
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from outbox import Outbox, Settings
 
@@ -85,3 +88,61 @@ def test_two_dispatchers_and_a_sigkill_lose_and_double_nothing(
             line.event["key"] for line in ob.jsonl.lines() if line.event.get("event") == "delivered"
         ]
         assert sorted(set(delivered_lines)) == sorted(keys)
+
+
+def test_two_dispatchers_into_real_chroma_and_brainlayer_with_a_sigkill(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same kill, with the real sinks: a `chroma run` server (two processes must not share
+    an embedded store) and BrainLayer in process (its one-writer rule makes the second
+    dispatcher wait its turn, as db_busy)."""
+    import chromadb
+
+    from tests.brainlayer_env import setup_brainlayer
+    from tests.chroma_server import ChromaServer
+
+    brainlayer = setup_brainlayer(tmp_path / "brainlayer", monkeypatch)
+    total = 120
+    with ChromaServer(tmp_path / "chroma") as server:
+        real = replace(settings, sinks=("chroma", "brainlayer"), chroma_url=server.url)
+        with Outbox.open(real) as ob:
+            receipts = ob.add_many(f"memory {i} about the quarterly plan" for i in range(total))
+        env = _env(settings, tmp_path)
+        env.update(os.environ)  # BrainLayer's variables, set by setup_brainlayer
+        env.update(
+            OUTBOX_SINKS="chroma,brainlayer",
+            OUTBOX_CHROMA_URL=server.url,
+            OUTBOX_HOME=str(settings.home),
+            OUTBOX_MARKDOWN_DIR=str(settings.markdown_dir),
+            OUTBOX_BATCH_SIZE="8",
+            OUTBOX_LEASE_SECONDS="3",
+            OUTBOX_BUSY_TIMEOUT="2",
+        )
+        first, second = _dispatcher(env), _dispatcher(env)
+        with Outbox.open(real) as ob:
+            deadline = time.monotonic() + 120
+            while sum(ob.storage.counts().get(s, {}).get("delivered", 0) for s in real.sinks) < 16:
+                assert time.monotonic() < deadline, "deliveries never started"
+                time.sleep(0.05)
+            first.send_signal(signal.SIGKILL)
+            first.wait(timeout=10)
+            deadline = time.monotonic() + 240
+            while any(ob.storage.counts()[s]["delivered"] < total for s in real.sinks):
+                assert time.monotonic() < deadline, ob.storage.counts()
+                time.sleep(0.2)
+            second.send_signal(signal.SIGTERM)
+            assert second.wait(timeout=60) == 0
+            rows = ob.storage.deliveries_for(r.key for r in receipts)
+            assert ob.verify().ok
+        collection = chromadb.HttpClient(host="127.0.0.1", port=server.port).get_collection(
+            "agent-memory"
+        )
+        assert collection.count() == total  # ids are keys: none twice, none missing
+    for receipt in receipts:
+        by_sink = {row.sink: row for row in rows[receipt.key]}
+        assert by_sink["chroma"].sink_id == receipt.key
+        chunk_id = by_sink["brainlayer"].sink_id
+        assert chunk_id and brainlayer.chunk(chunk_id) is not None
+    # BrainLayer holds each memory once.
+    ((count,),) = brainlayer.query("SELECT count(*) FROM chunks WHERE id LIKE 'manual-%'")
+    assert count == total
