@@ -436,9 +436,11 @@ def test_mcp_server_that_cannot_start_is_retried(tmp_path: Path, bl: BrainLayerE
         receipt = ob.add(TEXTS[0])
         report = ob.drain(timeout=60)
         row = _row(ob, receipt.key)
+    # A sink that cannot start charges its records nothing: they wait, untouched, and the
+    # drain's report (and the dispatcher's log) names why.
     assert not report.ok
-    assert (row.state, row.attempts, row.sink_id) == ("pending", 1, None)
-    assert "no-such-server" in (row.last_error or "")
+    assert (row.state, row.attempts, row.sink_id) == ("pending", 0, None)
+    assert report.sinks["brainlayer"].last_error == "FileNotFoundError"
 
 
 def test_mcp_rejected_and_outcome_shapes(tmp_path: Path, bl: BrainLayerEnv) -> None:
