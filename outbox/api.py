@@ -252,12 +252,15 @@ class Outbox:
     def status(self) -> dict[str, Any]:
         counts = self.storage.counts()
         oldest = self.storage.oldest_pending()
+        retrying = self.storage.retrying()
         now = time.time()
         sinks = list(dict.fromkeys([*self.settings.sinks, *counts]))
         per_sink = {
             sink: {
                 **counts.get(sink, dict.fromkeys(STATES, 0)),
                 "oldest_pending_age": round(now - oldest[sink], 3) if sink in oldest else None,
+                "retrying": retrying.get(sink, (0, None))[0],
+                "last_failure": retrying.get(sink, (0, None))[1],
             }
             for sink in sinks
         }

@@ -106,6 +106,12 @@ def _status_text(status: dict[str, Any]) -> str:
             f"{sink:<24}{row['pending']:>9}{row['leased']:>8}{row['delivered']:>11}"
             f"{row['dead']:>6}  {age_text}"
         )
+    for sink, row in status["sinks"].items():
+        if row["retrying"]:
+            lines.append(
+                f"{sink}: {row['retrying']} pending after a failure, "
+                f"the latest {row['last_failure']}"
+            )
     lines.append(f"dead letters: {status['dead_letters']}")
     return "\n".join(lines)
 

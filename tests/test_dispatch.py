@@ -105,6 +105,8 @@ def test_a_reply_without_an_id_is_not_a_delivery(settings: Settings, tmp_path: P
         assert row.state == "pending"
         assert row.error_class == "queued_null_chunk"
         assert row.sink_id is None
+        health = ob.status()["sinks"][A]
+        assert (health["retrying"], health["last_failure"]) == (1, "queued_null_chunk")
         waited = ob.wait_delivered(receipt.key, timeout=0.2)
         assert waited.status == "queued"
         assert "Stored" not in waited.text

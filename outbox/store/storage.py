@@ -644,6 +644,24 @@ class Storage:
             ).all()
         return {sink: float(created) for sink, created in rows}
 
+    def retrying(self) -> dict[str, tuple[int, str | None]]:
+        """Per sink: pending rows that already failed at least once, and the most recent
+        failure's class (seed 000's readiness signal: the sink is in trouble right now)."""
+        failed = and_(deliveries.c.state == PENDING, deliveries.c.error_class.is_not(None))
+        found: dict[str, tuple[int, str | None]] = {}
+        with self.reader.connect() as conn:
+            for sink, count in conn.execute(
+                select(deliveries.c.sink, func.count()).where(failed).group_by(deliveries.c.sink)
+            ).all():
+                latest = conn.execute(
+                    select(deliveries.c.error_class)
+                    .where(failed, deliveries.c.sink == sink)
+                    .order_by(deliveries.c.updated_at.desc())
+                    .limit(1)
+                ).scalar()
+                found[sink] = (int(count), latest)
+        return found
+
     def list_deliveries(
         self, state: str, sink: str | None = None, limit: int = 100
     ) -> list[DeliveryRow]:
