@@ -16,37 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from outbox import Outbox, Settings, ValidationError, load_settings
+from outbox.demo import TURNS
 from outbox.memory_core import PROMPT, RESPONSE, THOUGHT, MemoryService, compose_turn, split_turn
 from outbox.store import recall
-
-TURNS = [
-    (
-        "What did we decide about deploys?",
-        "Recall the release checklist.",
-        "The deploy pipeline now waits for the database migration to finish before it starts "
-        "the web workers.",
-    ),
-    (
-        "How does Alice like answers?",
-        "Style preference from last week.",
-        "Alice prefers short answers with the code first and the explanation after it.",
-    ),
-    (
-        "Which storage engine backs the outbox?",
-        "Architecture decision record 7.",
-        "We chose SQLite in WAL mode with synchronous FULL for the outbox database.",
-    ),
-    (
-        "Why is the build machine slow at night?",
-        "Look at the cron table.",
-        "The nightly embedding backfill saturates both CPU cores for about forty minutes.",
-    ),
-    (
-        "Where do the staging credentials live?",
-        "Ops wiki, secrets page.",
-        "Staging credentials are rotated monthly and kept in the team vault, never in git.",
-    ),
-]
 
 
 @pytest.fixture

@@ -601,11 +601,22 @@ class Storage:
             conn.execute(statement)
 
     def mirror_pending(self, origin: str, limit: int = 1000) -> list[DeliveryRow]:
+        """Outcomes of ``origin``'s records still to be mirrored, oldest first.
+
+        The origin test is a correlated EXISTS, not a join: joined, SQLite drove the query
+        from every record of the origin (all of them, on one machine) and it grew with the
+        outbox, 0.23 s per call at 100k records, twice per dispatcher batch. This way it
+        walks only the partial index of pending rows, in id order.
+        """
+        mine = (
+            select(records.c.key)
+            .where(records.c.key == deliveries.c.record_key, records.c.origin == origin)
+            .exists()
+        )
         with self.reader.connect() as conn:
             rows = conn.execute(
                 select(deliveries)
-                .join(records, records.c.key == deliveries.c.record_key)
-                .where(deliveries.c.mirror_pending == 1, records.c.origin == origin)
+                .where(deliveries.c.mirror_pending == 1, mine)
                 .order_by(deliveries.c.id)
                 .limit(limit)
             ).all()
@@ -675,24 +686,16 @@ class Storage:
     def requeue_dead(self, keys: Sequence[str] | None, sink: str | None = None) -> int:
         """Give dead letters a fresh set of attempts."""
         now = time.time()
-        condition = deliveries.c.state == DEAD
-        if keys:
-            condition = and_(condition, deliveries.c.record_key.in_(list(keys)))
-        if sink:
-            condition = and_(condition, deliveries.c.sink == sink)
-        with self.engine.begin() as conn:
-            result = conn.execute(
-                update(deliveries)
-                .where(condition)
-                .values(
-                    state=PENDING, attempts=0, available_at=now, updated_at=now, mirror_pending=1
-                )
-            )
-        return result.rowcount
+        return self._update_dead(
+            keys, sink, state=PENDING, attempts=0, available_at=now, updated_at=now
+        )
 
     def discard_dead(self, keys: Sequence[str] | None, sink: str | None = None) -> int:
         """Mark dead letters discarded: kept for audit, never retried."""
-        now = time.time()
+        return self._update_dead(keys, sink, state=DISCARDED, updated_at=time.time())
+
+    def _update_dead(self, keys: Sequence[str] | None, sink: str | None, **values: Any) -> int:
+        """Change dead letters (all, or those of ``keys`` / ``sink``) and flag their mirrors."""
         condition = deliveries.c.state == DEAD
         if keys:
             condition = and_(condition, deliveries.c.record_key.in_(list(keys)))
@@ -700,9 +703,7 @@ class Storage:
             condition = and_(condition, deliveries.c.sink == sink)
         with self.engine.begin() as conn:
             result = conn.execute(
-                update(deliveries)
-                .where(condition)
-                .values(state=DISCARDED, updated_at=now, mirror_pending=1)
+                update(deliveries).where(condition).values(mirror_pending=1, **values)
             )
         return result.rowcount
 
