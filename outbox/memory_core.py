@@ -29,7 +29,6 @@ from outbox.config import Settings
 from outbox.receipt import FALLBACK, STORED, Receipt
 from outbox.record import check_content
 from outbox.store import recall
-from outbox.store.storage import LEASED, PENDING
 
 log = logging.getLogger(__name__)
 
@@ -133,9 +132,8 @@ class MemoryService:
             "oldestPendingAgeMs": None,
         }
         try:
-            counts = self.outbox.storage.counts().get(VECTOR_SINK, {})
-            oldest = self.outbox.storage.oldest_pending().get(VECTOR_SINK)
-            block["pendingDepth"] = counts.get(PENDING, 0) + counts.get(LEASED, 0)
+            depth, oldest = self.outbox.storage.pending_summary(VECTOR_SINK)
+            block["pendingDepth"] = depth
             if oldest is not None:
                 block["oldestPendingAgeMs"] = int((time.time() - oldest) * 1000)
         except Exception as exc:  # the write stands; only the figures are missing

@@ -655,6 +655,17 @@ class Storage:
             ).all()
         return {sink: float(created) for sink, created in rows}
 
+    def pending_summary(self, sink: str) -> tuple[int, float | None]:
+        """(rows of ``sink`` not delivered yet, the oldest one's creation time), in one query
+        that stays on the sink's slice of the due index (``add_memory`` reports it)."""
+        with self.reader.connect() as conn:
+            count, oldest = conn.execute(
+                select(func.count(), func.min(deliveries.c.created_at)).where(
+                    deliveries.c.sink == sink, deliveries.c.state.in_((PENDING, LEASED))
+                )
+            ).one()
+        return int(count), (float(oldest) if oldest is not None else None)
+
     def retrying(self) -> dict[str, tuple[int, str | None]]:
         """Per sink: pending rows that already failed at least once, and the most recent
         failure's class (seed 000's readiness signal: the sink is in trouble right now)."""
