@@ -137,6 +137,22 @@ def test_four_writers_four_dispatchers_one_killed(
         codes = [proc.wait(timeout=60) for proc in dispatchers[1:]]
     assert codes == [0, 0, 0]
 
+    # Each writer machine keeps the mirrors of what it wrote; verify checks exactly those.
+    for n in range(WRITERS):
+        home = tmp_path / f"writer-{n}"
+        mine = load_settings(
+            env={},
+            db_url=pg_url,
+            home=home,
+            markdown_dir=home / "md",
+            sinks="chroma",
+            mirror_id=f"writer-{n}",
+        )
+        with Outbox.open(mine) as ob:
+            report = ob.verify()
+        assert report.ok, report.problems
+        assert report.records == report.markdown_files == PER_WRITER
+
     import chromadb
 
     client = chromadb.HttpClient(host="127.0.0.1", port=chroma.port)
