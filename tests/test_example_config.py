@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import fields
 from pathlib import Path
 
+import pytest
 import yaml
 
-from outbox import Settings, load_settings
+from outbox import ConfigError, Settings, load_settings
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "outbox.example.yaml"
 
@@ -26,9 +27,5 @@ def test_template_values_equal_the_defaults(tmp_path: Path) -> None:
 
 
 def test_a_custom_sink_whose_module_does_not_exist_is_refused_up_front() -> None:
-    import pytest
-
-    from outbox import ConfigError
-
-    with pytest.raises(ConfigError, match="OUTBOX_SINKS.*no module of that name"):
+    with pytest.raises(ConfigError, match=r"OUTBOX_SINKS.*no module of that name"):
         load_settings(env={"OUTBOX_SINKS": "chroma,no_such_package.sinks:Webhook"})
