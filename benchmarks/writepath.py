@@ -1,0 +1,293 @@
+"""The write path beside its floor and its rivals, at one ``synchronous`` level.
+
+- **floor**: a bare ``sqlite3`` connection on a database migrated to the outbox schema (same
+  tables, indexes, FTS5 table), WAL, ``BEGIN IMMEDIATE``, inserting the rows a write makes
+  (record, FTS entry, graph node, frontier edge, one delivery), ``COMMIT``. Only the key and
+  timestamp are computed; nothing else of the library runs.
+- **add**: ``Outbox.add`` with both mirrors (JSONL line, markdown file), one record per call;
+  **add_many**: 100 records per call, per record.
+- **persist-queue** ``SQLiteAckQueue.put`` (auto-commit) and its consumer ``get`` + ``ack``;
+  **litequeue** ``put`` and ``pop`` + ``done``. Both get ``PRAGMA synchronous`` set on their
+  own connection to the level under test (persist-queue sets none and runs at SQLite's
+  default, litequeue sets NORMAL), read back and reported, so every contender fsyncs alike.
+- The outbox's consumer side: ``Storage.claim`` + ``Storage.settle`` in batches of 64.
+
+Contenders run in alternating rounds (see ``common.alternate``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import litequeue
+import persistqueue
+
+from benchmarks.common import (
+    NOOP_SINK,
+    alternate,
+    bench_settings,
+    memories,
+    open_outbox,
+    quiet_gc,
+    summarize,
+    time_calls,
+)
+from outbox.keys import canonical_timestamp
+from outbox.store.engine import sqlite_path
+
+_FLOOR_ROWS = (
+    (
+        "INSERT INTO records (key, ts, content, importance, tags, meta, slug, markdown_name,"
+        " origin, created_at) VALUES (?,?,?,?,?,?,?,?,?,?) RETURNING seq"
+    ),
+    "INSERT INTO records_fts (rowid, content) VALUES (?, ?)",
+    (
+        "INSERT INTO graph_nodes (id, label, session_id, agent, ts, properties)"
+        " VALUES (?, 'AGENT_MEMORY', NULL, NULL, ?, ?)"
+    ),
+    (
+        "INSERT INTO graph_edges (source, target, type, weight, properties)"
+        " VALUES ('frontier', ?, 'SPAWNED_MEMORY', 0.8, '{}')"
+    ),
+    (
+        "INSERT INTO deliveries (record_key, sink, state, attempts, available_at,"
+        " mirror_pending, created_at, updated_at) VALUES (?, ?, 'pending', 0, ?, 0, ?, ?)"
+    ),
+)
+
+TAGS = ["decision", "storage"]
+CLAIM_BATCH = 64
+
+
+def floor_writer(
+    folder: Path, synchronous: str, texts: list[str], per_call: int
+) -> Callable[[int], None]:
+    """The bare-sqlite3 floor: the outbox's rows on the outbox's schema, nothing else."""
+    settings = bench_settings(folder, synchronous=synchronous)
+    open_outbox(settings).close()  # migrate: the very same schema
+    path = sqlite_path(settings.db_url)
+    assert path is not None
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={synchronous}")
+    conn.execute("PRAGMA foreign_keys=ON")
+    record_sql, fts_sql, node_sql, edge_sql, delivery_sql = _FLOOR_ROWS
+
+    def call(number: int) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        for item in range(number * per_call, (number + 1) * per_call):
+            content = f"{item} {texts[item % len(texts)]}"
+            ts = canonical_timestamp()
+            key = hashlib.sha256(content.encode() + b"\n" + ts.encode()).hexdigest()
+            now = time.time()
+            (seq,) = conn.execute(
+                record_sql,
+                (
+                    key,
+                    ts,
+                    content,
+                    7,
+                    '["decision","storage"]',
+                    "{}",
+                    key[:16],
+                    f"{ts[:10]}-{key[:16]}.md",
+                    "floor",
+                    now,
+                ),
+            ).fetchone()
+            conn.execute(fts_sql, (seq, content))
+            properties = json.dumps({"timestamp": ts, "importance": 7, "semanticVectorId": key})
+            conn.execute(node_sql, (key, ts, properties))
+            conn.execute(edge_sql, (key,))
+            conn.execute(delivery_sql, (key, NOOP_SINK, now, now, now))
+        conn.execute("COMMIT")
+
+    return call
+
+
+def payload(content: str) -> dict[str, Any]:
+    """What a queue carries for one memory: the same fields the outbox stores."""
+    return {
+        "content": content,
+        "timestamp": canonical_timestamp(),
+        "importance": 7,
+        "tags": TAGS,
+    }
+
+
+def run(
+    folder: Path, synchronous: str, calls: int, batch_calls: int, rounds: int
+) -> dict[str, Any]:
+    """Every contender at ``synchronous``; returns summaries and the pragmas read back."""
+    texts = memories(500, seed=11)
+    outbox = open_outbox(bench_settings(folder / "add", synchronous=synchronous))
+    batch_outbox = open_outbox(bench_settings(folder / "add_many", synchronous=synchronous))
+
+    pq = persistqueue.SQLiteAckQueue(str(folder / "persist-queue"), auto_commit=True)
+    pq._putter.execute(f"PRAGMA synchronous={synchronous}")  # its one connection
+    lq = litequeue.LiteQueue(str(folder / "litequeue.db"))
+    lq.conn.execute(f"PRAGMA synchronous={synchronous}")
+    levels = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
+    pragmas = {
+        "persist-queue": levels[pq._putter.execute("PRAGMA synchronous").fetchone()[0]],
+        "litequeue": levels[lq.conn.execute("PRAGMA synchronous").fetchone()[0]],
+    }
+    with outbox.engine.connect() as conn:
+        pragmas["outbox"] = levels[conn.exec_driver_sql("PRAGMA synchronous").scalar_one()]
+
+    def add(number: int) -> None:
+        outbox.add(f"{number} {texts[number % len(texts)]}", tags=TAGS, importance=7)
+
+    def pq_put(number: int) -> None:
+        pq.put(payload(f"{number} {texts[number % len(texts)]}"))
+
+    def lq_put(number: int) -> None:
+        lq.put(json.dumps(payload(f"{number} {texts[number % len(texts)]}")))
+
+    singles = alternate(
+        {
+            "floor": floor_writer(folder / "floor", synchronous, texts, 1),
+            "add": add,
+            "persist-queue put": pq_put,
+            "litequeue put": lq_put,
+        },
+        calls,
+        rounds,
+    )
+
+    per_batch = 100
+
+    def add_many(number: int) -> None:
+        batch_outbox.add_many(
+            {"content": f"{number}-{item} {texts[(number + item) % len(texts)]}", "tags": TAGS}
+            for item in range(per_batch)
+        )
+
+    batches = alternate(
+        {
+            "floor batch": floor_writer(folder / "floor-batch", synchronous, texts, per_batch),
+            "add_many": add_many,
+        },
+        batch_calls,
+        max(1, rounds // 2),
+    )
+
+    results: dict[str, Any] = {
+        name: summarize(samples, wall) for name, (samples, wall) in singles.items()
+    }
+    for name, (samples, wall) in batches.items():
+        results[name] = summarize(samples, wall, per_call=per_batch)
+
+    # Consumers: drain what the producers wrote.
+    def pq_ack(_number: int) -> None:
+        item = pq.get(block=False, raw=True)
+        pq.ack(id=item["pqid"])
+
+    def lq_done(_number: int) -> None:
+        message = lq.pop()
+        lq.done(message.message_id)
+
+    produced = outbox.storage.count_records()
+    with quiet_gc():
+        results["persist-queue get+ack"] = summarize(*time_calls(pq_ack, produced))
+        results["litequeue pop+done"] = summarize(*time_calls(lq_done, produced))
+    results["claim+settle (64)"] = _claim_settle(outbox, produced)
+    results["pragmas"] = pragmas
+    outbox.close()
+    batch_outbox.close()
+    pq.close()
+    lq.conn.close()
+    return results
+
+
+def _claim_settle(outbox: Any, rows: int) -> dict[str, float]:
+    """The outbox's consumer: lease 64 due rows, mark them delivered, per record."""
+    storage = outbox.storage
+    samples: list[float] = []
+    sizes: list[int] = []
+    with quiet_gc():
+        began = time.perf_counter()
+        while True:
+            tick = time.perf_counter()
+            claims = storage.claim(NOOP_SINK, "bench", CLAIM_BATCH, 60.0)
+            if not claims:
+                break
+            storage.settle("bench", [(claim.delivery_id, claim.key) for claim in claims], [])
+            samples.append(time.perf_counter() - tick)
+            sizes.append(len(claims))
+        wall = time.perf_counter() - began
+    if sum(sizes) != rows:
+        raise RuntimeError(f"claimed {sum(sizes)} rows, expected {rows}")
+    per_item = [sample / size for sample, size in zip(samples, sizes, strict=True)]
+    summary = summarize(per_item, wall)
+    summary["items"] = rows
+    summary["per_s"] = rows / wall
+    return summary
+
+
+def breakdown(folder: Path, synchronous: str, calls: int) -> dict[str, float]:
+    """Where one ``add`` spends its time: medians per step, in µs, on a separate outbox.
+
+    The steps are timed by wrapping the library's own functions on this one instance (a
+    microsecond or so each); "transaction" is what ``Writer.commit`` spends outside its
+    statements and mirrors: the mirror lock, BEGIN IMMEDIATE and the COMMIT with its fsync.
+    """
+    from outbox.mirror import markdown
+
+    outbox = open_outbox(bench_settings(folder, synchronous=synchronous))
+    texts = memories(500, seed=13)
+    spent: dict[str, list[float]] = {}
+
+    def timed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            tick = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent.setdefault(name, []).append(time.perf_counter() - tick)
+
+        return wrapper
+
+    writer = outbox.writer
+    outbox.prepare = timed("validate + key + slug", outbox.prepare)  # type: ignore[method-assign]
+    writer.insert = timed("lookup + inserts", writer.insert)  # type: ignore[method-assign]
+    writer.jsonl.append = timed("JSONL line", writer.jsonl.append)  # type: ignore[method-assign]
+    writer.render_markdown = timed("render front matter", writer.render_markdown)  # type: ignore[method-assign]
+    writer.commit = timed("commit", writer.commit)  # type: ignore[method-assign]
+    writer.write_mirrors = timed("mirrors", writer.write_mirrors)  # type: ignore[method-assign]
+    original_write_new = markdown.write_new
+    markdown.write_new = timed("create markdown file", original_write_new)  # type: ignore[assignment]
+    try:
+
+        def add(number: int) -> None:
+            outbox.add(f"{number} {texts[number % len(texts)]}", tags=TAGS, importance=7)
+
+        time_calls(add, 20, start=-20)
+        spent.clear()
+        with quiet_gc():
+            samples, _ = time_calls(add, calls)
+    finally:
+        markdown.write_new = original_write_new  # type: ignore[assignment]
+        outbox.close()
+    median = {name: statistics.median(values) * 1e6 for name, values in spent.items()}
+    total = statistics.median(samples) * 1e6
+    steps = {
+        "validate + key + slug": median["validate + key + slug"],
+        "lookup + inserts": median["lookup + inserts"],
+        "transaction (lock, BEGIN, COMMIT + fsync)": median["commit"]
+        - median["lookup + inserts"]
+        - median["mirrors"],
+        "JSONL line": median["JSONL line"],
+        "render front matter": median["render front matter"],
+        "create markdown file": median["create markdown file"],
+    }
+    steps["rest (receipt, bookkeeping)"] = total - sum(steps.values())
+    steps["add (total)"] = total
+    return steps

@@ -1,0 +1,121 @@
+"""The front matter built without the YAML dumper is the dumper's output, byte for byte.
+
+``markdown.render`` writes simple front matter (booleans, integers, None, simple strings,
+lists and string mappings of them) directly and hands everything else to ``yaml.dump``.
+Whatever it writes must be exactly what the dumper writes, or files would change shape
+between two versions of the library; the property test below checks that on front matter
+full of the strings YAML treats specially.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from outbox.mirror import markdown
+from outbox.mirror.repair import markdown_state
+from outbox.record import build_record
+from outbox.store.storage import DeliveryRow
+
+
+def dumped(matter: dict[str, Any]) -> str:
+    return yaml.dump(
+        matter,
+        Dumper=markdown._FrontMatterDumper,
+        sort_keys=False,
+        default_flow_style=None,
+        allow_unicode=True,
+        width=1_000_000,
+    )
+
+
+# Strings YAML reads as something else, or must quote, or cannot write plain.
+TRICKY = [
+    "true", "False", "yes", "NO", "on", "Off", "null", "Null", "~", "", " ", "1", "-1", "0x1F",
+    "0o17", "017", "1_000", "1:20", "1.5", ".inf", ".nan", "-.inf", "1e3", "2026-11-29",
+    "2026-11-29T08:00:00.000000Z", "2026-11-29 08:00:00", "a:b", "a: b", "a:", ":a", "a #b",
+    "#a", "-a", "?a", "a,b", "[a]", "{a}", "a'b", 'a"b', "é", "a\nb", "a\tb", "\x85",
+    "outbox.testing.sinks:NoopSink", "manual-0123abcd", "x" * 127, "x" * 128, "x" * 300,
+]  # fmt: skip
+texts = st.one_of(
+    st.sampled_from(TRICKY),
+    st.text(alphabet="aZ09_.-: '#,[]{}\"é\n", max_size=12),
+)
+leaves = st.one_of(st.none(), st.booleans(), st.integers(), texts, st.floats(allow_nan=False))
+values = st.one_of(
+    leaves,
+    st.lists(texts, max_size=4),
+    st.lists(leaves, max_size=3),
+    st.dictionaries(texts, texts, max_size=3),
+    st.dictionaries(texts, leaves, max_size=2),
+)
+matters = st.dictionaries(st.one_of(st.sampled_from(["key", "tags", "sinks"]), texts), values)
+
+
+# Front matter the direct path takes: strings of its grammar, YAML's special words among them.
+simple = st.one_of(
+    st.sampled_from([text for text in TRICKY if markdown._SIMPLE.fullmatch(text)]),
+    st.from_regex(markdown._SIMPLE, fullmatch=True),
+)
+simple_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    simple,
+    st.lists(simple, max_size=4),
+    st.dictionaries(simple, simple, max_size=3),
+)
+# A list value makes the dumper write the mapping in block style, as every record's tags do.
+simple_matters = st.builds(
+    lambda matter, tags: {**matter, "tags": tags},
+    st.dictionaries(simple, simple_values),
+    st.lists(simple, max_size=4),
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.one_of(matters, simple_matters))
+def test_built_front_matter_is_the_dumpers_byte_for_byte(matter: dict[str, Any]) -> None:
+    built = markdown._simple_front_matter(matter)
+    if built is not None:
+        assert built == dumped(matter)
+
+
+def test_a_records_front_matter_takes_the_direct_path() -> None:
+    record = build_record("a memory", tags=["decision", "storage"], importance=7)
+    matter = markdown.front_matter(
+        record,
+        intended_brain_store=True,
+        sink_states={"chroma": "pending", "outbox.testing.sinks:NoopSink": "pending"},
+    )
+    assert markdown._simple_front_matter(matter) == dumped(matter)
+    row = DeliveryRow(
+        delivery_id=1,
+        key=record.key,
+        sink="brainlayer",
+        state="delivered",
+        attempts=2,
+        available_at=1.0,
+        last_error=None,
+        error_class="db_busy",
+        sink_id="manual-0123456789abcdef",
+        mirror_pending=True,
+        created_at=1.0,
+        delivered_at=2.0,
+    )
+    delivered = markdown_state(record, [row], intended_brain_store=True)
+    assert markdown._simple_front_matter(delivered) == dumped(delivered)
+    rendered = markdown.render(delivered, "body")
+    assert rendered == markdown.FENCE + dumped(delivered).encode() + markdown.FENCE + b"body"
+    assert yaml.safe_load(rendered.split(markdown.FENCE)[1]) == delivered
+
+
+def test_other_front_matter_still_goes_through_the_dumper() -> None:
+    matter = {"tags": ["a b", "ünïcode"], "timestamp": 1.5, "chunk_id": None}
+    assert markdown._simple_front_matter(matter) is None
+    assert markdown.render(matter, b"x") == (
+        markdown.FENCE + dumped(matter).encode() + markdown.FENCE + b"x"
+    )
