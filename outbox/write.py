@@ -6,6 +6,8 @@ This module imports no sink, no model and no chromadb: a write can never wait on
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,6 +15,7 @@ from pathlib import Path
 
 from sqlalchemy import Connection
 
+from outbox.errors import MirrorBusy
 from outbox.mirror import markdown
 from outbox.mirror.jsonl import JsonlLog, accepted_event
 from outbox.mirror.lock import MirrorLock
@@ -38,8 +41,25 @@ class Accepted:
     duplicate: bool
 
 
+@dataclass(eq=False)
+class _Ticket:
+    """One caller's records waiting to be committed, alone or in a group with others'."""
+
+    records: Sequence[Record]
+    deadline: float
+    done: threading.Event | None = None  # only a ticket that waits needs one
+    lead: bool = False
+    accepted: list[Accepted] | None = None
+    error: BaseException | None = None
+
+
 class Writer:
-    """Commits records and writes their mirrors under the mirror lock."""
+    """Commits records and writes their mirrors under the mirror lock.
+
+    Concurrent callers in one process share a transaction (group commit): while one
+    transaction commits, the callers that arrive queue up, and the next one to lead commits
+    all of them at once, so they pay one fsync between them instead of one each.
+    """
 
     def __init__(
         self,
@@ -59,6 +79,11 @@ class Writer:
         self.markdown_dir = markdown_dir
         self.origin = origin
         self.busy_timeout = busy_timeout
+        self._markdown_folder = str(markdown_dir)
+        self._folder_ready = False  # made once; a folder removed later is made again
+        self._queue_lock = threading.Lock()
+        self._waiting: list[_Ticket] = []
+        self._leading = False
 
     # -- naming ---------------------------------------------------------------------------
 
@@ -74,8 +99,8 @@ class Writer:
 
     def _taken_on_disk(self, name: str, key: str) -> bool:
         """A file of that name exists and is not this record's (a legacy or foreign file)."""
-        path = self.markdown_dir / name
-        return path.exists() and self._file_owner(path) != key
+        path = os.path.join(self._markdown_folder, name)
+        return os.path.exists(path) and self._file_owner(Path(path)) != key
 
     # -- the transaction ------------------------------------------------------------------
 
@@ -108,12 +133,79 @@ class Writer:
     def commit(
         self, records: Sequence[Record], adopted: dict[str, str] | None = None
     ) -> list[Accepted]:
-        """One transaction for all ``records``, then their mirrors, all under the mirror lock.
+        """Commit ``records`` in one transaction, then write their mirrors; returns one
+        Accepted per record, in order.
 
-        ``adopted`` maps keys to existing markdown files that become their mirrors.
+        ``adopted`` maps keys to existing markdown files that become their mirrors (replay);
+        such a call commits alone. Otherwise the records may share a transaction with other
+        threads' records: all of them commit, or none (each caller then falls back).
         """
-        adopted = adopted or {}
         deadline = time.monotonic() + self.busy_timeout + WRITE_MARGIN_SECONDS
+        if adopted:
+            return self._transact(records, adopted, deadline)
+        ticket = _Ticket(records, deadline)
+        with self._queue_lock:
+            self._waiting.append(ticket)
+            if self._leading:
+                ticket.done = threading.Event()
+            else:
+                self._leading = ticket.lead = True
+        if not ticket.lead:
+            self._wait_turn(ticket)
+        if ticket.lead:
+            self._lead()
+        if ticket.error is not None:
+            raise ticket.error
+        assert ticket.accepted is not None
+        return ticket.accepted
+
+    def _wait_turn(self, ticket: _Ticket) -> None:
+        """Wait until a leader has committed this ticket or handed over the lead to it.
+
+        A ticket nobody has taken by its deadline leaves the queue and fails in time (the
+        caller falls back); one already taken waits for its group, whose leader is bounded.
+        """
+        assert ticket.done is not None
+        if ticket.done.wait(max(0.0, ticket.deadline - time.monotonic())):
+            return
+        with self._queue_lock:
+            if not ticket.lead and ticket in self._waiting:
+                self._waiting.remove(ticket)
+                raise MirrorBusy("other writers held the write queue past the write's time bound")
+        ticket.done.wait()
+
+    def _lead(self) -> None:
+        """Commit every queued ticket as one group, then pass the lead to the next in line."""
+        with self._queue_lock:
+            group, self._waiting = self._waiting, []
+        try:
+            records = [record for ticket in group for record in ticket.records]
+            accepted = self._transact(records, {}, max(ticket.deadline for ticket in group))
+        except BaseException as exc:  # every caller in the group gets it, and falls back
+            for ticket in group:
+                ticket.error = exc
+        else:
+            start = 0
+            for ticket in group:
+                ticket.accepted = accepted[start : start + len(ticket.records)]
+                start += len(ticket.records)
+        finally:
+            with self._queue_lock:
+                if self._waiting:
+                    successor = self._waiting[0]
+                    successor.lead = True
+                    assert successor.done is not None
+                    successor.done.set()
+                else:
+                    self._leading = False
+            for ticket in group:
+                if ticket.done is not None:
+                    ticket.done.set()
+
+    def _transact(
+        self, records: Sequence[Record], adopted: dict[str, str], deadline: float
+    ) -> list[Accepted]:
+        """The transaction and the mirrors, all under the mirror lock."""
         with self.lock.hold(deadline):
             now = time.time()
             with self.storage.engine.begin() as conn:
@@ -123,7 +215,7 @@ class Writer:
                 notify(conn)
             self.write_mirrors(
                 [item for item in accepted if not item.duplicate],
-                skip_markdown={key for key in adopted},
+                skip_markdown=set(adopted),
             )
         return accepted
 
@@ -154,15 +246,23 @@ class Writer:
         except OSError as exc:
             log.warning("JSONL mirror append failed (%s); repair will restore it", exc.strerror)
         try:
-            markdown.ensure_dir(self.markdown_dir)
             for item in accepted:
                 if skip_markdown and item.record.key in skip_markdown:
                     continue
-                markdown.write_new(
-                    self.markdown_dir / item.markdown_name, self.render_markdown(item.record)
-                )
+                self._create_markdown(item.markdown_name, self.render_markdown(item.record))
         except OSError as exc:
             log.warning("markdown mirror write failed (%s); repair will restore it", exc.strerror)
+
+    def _create_markdown(self, name: str, data: bytes) -> None:
+        if not self._folder_ready:
+            markdown.ensure_dir(self.markdown_dir)
+            self._folder_ready = True
+        path = os.path.join(self._markdown_folder, name)
+        try:
+            markdown.write_new(path, data)
+        except FileNotFoundError:  # the folder was removed since: make it again
+            markdown.ensure_dir(self.markdown_dir)
+            markdown.write_new(path, data)
 
     # -- receipts -------------------------------------------------------------------------
 

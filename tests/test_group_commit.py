@@ -1,0 +1,151 @@
+"""Group commit: concurrent writers in one process share a transaction, and every caller
+still gets its own receipt, its own mirror lines and its own time bound."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+
+from outbox import Outbox, Receipt, Settings
+from outbox.receipt import FALLBACK, QUEUED
+
+TS = "2026-11-29T08:00:00.000000Z"
+
+
+class Gate:
+    """Holds the first transaction's COMMIT until ``ready()`` is true, counts commits, and
+    fails the commits named in ``fail`` (a database that stopped taking writes)."""
+
+    def __init__(self, ob: Outbox, ready: Callable[[], bool], fail: frozenset[int] = frozenset()):
+        self.engine = ob.storage.engine
+        self.ready = ready
+        self.fail = fail
+        self.commits = 0
+        event.listen(self.engine, "commit", self._on_commit)
+
+    def _on_commit(self, _conn: Any) -> None:
+        self.commits += 1
+        if self.commits == 1:
+            deadline = time.monotonic() + 10
+            while not self.ready() and time.monotonic() < deadline:
+                time.sleep(0.001)
+        if self.commits in self.fail:
+            raise sqlite3.OperationalError("disk I/O error")
+
+    def remove(self) -> None:
+        event.remove(self.engine, "commit", self._on_commit)
+
+
+def queued(ob: Outbox, count: int) -> Callable[[], bool]:
+    return lambda: len(ob.writer._waiting) >= count
+
+
+def wait_until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never came true"
+        time.sleep(0.001)
+
+
+def add_in_threads(ob: Outbox, calls: list[dict[str, Any]]) -> list[Receipt]:
+    """The first call starts alone; the others once it leads (inside its transaction)."""
+    receipts: dict[int, Receipt] = {}
+
+    def work(number: int) -> None:
+        receipts[number] = ob.add(**calls[number])
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(len(calls))]
+    threads[0].start()
+    wait_until(lambda: ob.writer._leading)
+    for thread in threads[1:]:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return [receipts[n] for n in range(len(calls))]
+
+
+@pytest.fixture
+def ob(settings: Settings) -> Iterator[Outbox]:
+    outbox = Outbox.open(settings)
+    yield outbox
+    outbox.close()
+
+
+def test_writers_arriving_during_a_commit_share_the_next_transaction(ob: Outbox) -> None:
+    texts = [f"memory number {n} from its own thread" for n in range(5)]
+    gate = Gate(ob, queued(ob, 4))
+    receipts = add_in_threads(ob, [{"content": text} for text in texts])
+
+    assert gate.commits == 2  # the first alone, the four that queued behind it together
+    assert [r.status for r in receipts] == [QUEUED] * 5
+    assert not any(r.duplicate for r in receipts)
+    stored = {row.record.key: row.record.content for row in ob.storage.iter_records()}
+    assert stored == {r.key: text for r, text in zip(receipts, texts, strict=True)}
+    lines = [json.loads(line) for line in ob.settings.jsonl_path.read_text().splitlines()]
+    assert sorted(line["key"] for line in lines) == sorted(r.key for r in receipts)
+    for receipt, text in zip(receipts, texts, strict=True):
+        assert receipt.markdown_path.read_bytes().endswith(text.encode())
+    assert ob.verify().ok
+
+
+def test_the_same_record_twice_in_one_group_is_one_record(ob: Outbox) -> None:
+    gate = Gate(ob, queued(ob, 3))
+    calls = [{"content": "the opener", "timestamp": TS}]
+    calls += [{"content": "the same memory", "timestamp": TS}] * 3
+    receipts = add_in_threads(ob, calls)
+
+    assert gate.commits == 2
+    twins = receipts[1:]
+    assert len({r.key for r in twins}) == 1
+    assert sorted(r.duplicate for r in twins) == [False, True, True]
+    assert {r.markdown_path for r in twins} == {twins[0].markdown_path}
+    assert ob.storage.count_records() == 2
+    assert len(list(ob.markdown_dir.glob("*.md"))) == 2
+    assert ob.verify().ok
+
+
+def test_a_failed_group_commit_sends_every_caller_in_it_to_the_fallback(ob: Outbox) -> None:
+    texts = [f"memory {n} that must not be lost" for n in range(4)]
+    gate = Gate(ob, queued(ob, 3), fail=frozenset({2}))
+    receipts = add_in_threads(ob, [{"content": text} for text in texts])
+
+    assert gate.commits == 2
+    assert receipts[0].status == QUEUED
+    assert [r.status for r in receipts[1:]] == [FALLBACK] * 3
+    assert all(r.markdown_path.exists() for r in receipts[1:])
+    assert ob.storage.count_records() == 1
+
+    gate.remove()
+    assert len(ob.import_fallback().imported) == 3
+    assert {row.record.key for row in ob.storage.iter_records()} == {r.key for r in receipts}
+    assert ob.verify().ok
+
+
+def test_a_writer_queued_past_its_time_bound_falls_back_in_time(settings: Settings) -> None:
+    ob = Outbox.open(dataclasses.replace(settings, busy_timeout=0.05))
+    try:
+        release = threading.Event()
+        gate = Gate(ob, release.is_set)
+        leader = threading.Thread(target=ob.add, args=("the slow leader",))
+        leader.start()
+        wait_until(lambda: ob.writer._leading)
+        started = time.monotonic()
+        late = ob.add("a writer stuck behind the leader")
+        waited = time.monotonic() - started
+        release.set()
+        leader.join(30)
+        assert late.status == FALLBACK
+        assert late.markdown_path.exists()
+        assert waited < 5  # its bound is 0.55 s; generous for a loaded machine
+        assert gate.commits == 1
+        assert ob.storage.count_records() == 1
+    finally:
+        ob.close()
