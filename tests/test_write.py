@@ -298,3 +298,15 @@ def test_enqueue_commits_and_rolls_back_with_the_callers_transaction(outbox: Out
     report = outbox.sync_mirrors()
     assert (report.lines_appended, report.files_written) == (1, 1)
     assert_exactly_once(outbox, kept.key)
+
+
+def test_a_markdown_folder_removed_between_writes_is_made_again(outbox: Outbox) -> None:
+    first = outbox.add("written before the folder goes away")
+    for path in outbox.markdown_dir.iterdir():
+        path.unlink()
+    outbox.markdown_dir.rmdir()
+    second = outbox.add("written after the folder went away")
+    assert second.markdown_path.read_bytes().endswith(b"written after the folder went away")
+    assert not first.markdown_path.exists()  # gone with the folder; repair brings it back
+    outbox.sync_mirrors(full=True)
+    assert first.markdown_path.exists()

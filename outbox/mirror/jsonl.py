@@ -16,6 +16,7 @@ from typing import Any
 
 GENESIS = "0" * 64
 _TAIL_CHUNK = 65_536
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # built once, not per line
 
 
 def line_hash(line: bytes) -> str:
@@ -25,7 +26,7 @@ def line_hash(line: bytes) -> str:
 def encode(event: Mapping[str, Any], prev: str) -> bytes:
     body = dict(event)
     body["prev"] = prev
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return _ENCODER.encode(body).encode("utf-8")
 
 
 def accepted_event(record: Any, seq: int, markdown_name: str, sinks: list[str]) -> dict[str, Any]:
@@ -58,20 +59,24 @@ class JsonlLog:
         self.path = path
         self._cached: tuple[int, str] | None = None  # (file size, hash of last line)
         self._fd: int | None = None
+        self._inode = 0
 
-    def _handle(self) -> int:
-        """The open append handle, reopened when the file was replaced or removed."""
+    def _handle(self) -> tuple[int, int]:
+        """The open append handle and the file's size, reopened when the file was replaced
+        or removed (one ``stat`` per append while it was not)."""
         try:
-            current = os.stat(self.path).st_ino
+            current = os.stat(self.path)
         except FileNotFoundError:
             current = None
-        if self._fd is not None and current != os.fstat(self._fd).st_ino:
+        if self._fd is not None and (current is None or current.st_ino != self._inode):
             self.close()
-        if self._fd is None:
+        if self._fd is None or current is None:
             self.path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
             self._cached = None
-        return self._fd
+            current = os.fstat(self._fd)
+            self._inode = current.st_ino
+        return self._fd, current.st_size
 
     def close(self) -> None:
         if self._fd is not None:
@@ -105,8 +110,7 @@ class JsonlLog:
         """Append events as chained lines in one write; undo a partial write."""
         if not events:
             return
-        fd = self._handle()
-        size = os.fstat(fd).st_size
+        fd, size = self._handle()
         if self._cached and self._cached[0] == size:
             prev = self._cached[1]
         else:

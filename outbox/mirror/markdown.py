@@ -193,7 +193,7 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def write_new(path: Path, data: bytes) -> bool:
+def write_new(path: Path | str, data: bytes) -> bool:
     """Create ``path`` 0600 with ``data`` unless it exists; returns whether it was created.
 
     Not fsynced: the database is the source of truth and repair rewrites a lost file.

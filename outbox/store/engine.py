@@ -99,6 +99,9 @@ def _install_sqlite_discipline(engine: Engine, settings: Settings, *, writer: bo
         finally:
             cursor.close()
 
+    begin = "BEGIN IMMEDIATE" if writer else "BEGIN"
+
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if writer else "BEGIN")
+        # Straight to the driver: through exec_driver_sql this costs ~40 µs per transaction.
+        conn.connection.driver_connection.execute(begin)
