@@ -3,8 +3,9 @@
     .venv/bin/python -m benchmarks.compare            # the full run (about 15 minutes)
     .venv/bin/python -m benchmarks.compare --quick    # a smoke run (under 3 minutes)
 
-Sections (``--only write,inline,backfill,drain,scale,rss`` runs a subset): the write path
-against the bare-SQLite floor and two SQLite queues at FULL and NORMAL; the inline embed +
+Sections (``--only write,threads,inline,backfill,drain,scale,rss`` runs a subset): the write
+path against the bare-SQLite floor and two SQLite queues at FULL and NORMAL; the same with
+1, 4 and 8 writer threads in one process (group commit); the inline embed +
 ``collection.add`` path; ``add`` latency while a dispatcher process drains a backlog into
 embedded Chroma; drain throughput per sink with 1 and 2 dispatcher processes; ``add`` and
 claim cost at growing outbox sizes; peak RSS of a dispatcher draining a big backlog.
@@ -32,16 +33,19 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from benchmarks import drain, plots, scale, writepath
+from benchmarks import drain, plots, scale, threads, writepath
 from benchmarks.common import NOOP_SINK, bench_settings, load_average, percentile, summarize
 
 REPO = Path(__file__).resolve().parent.parent
-SECTIONS = ("write", "inline", "backfill", "drain", "scale", "rss")
+SECTIONS = ("write", "threads", "inline", "backfill", "drain", "scale", "rss")
 
 FULL_PLAN: dict[str, Any] = {
     "write_calls": 2000,
     "write_batch_calls": 40,
     "write_rounds": 8,
+    "threads_counts": [1, 4, 8],
+    "threads_seconds": 9.0,
+    "threads_rounds": 3,
     "inline_calls": 200,
     "backfill_records": 10_000,
     "backfill_idle_calls": 1000,
@@ -59,6 +63,9 @@ QUICK_PLAN: dict[str, Any] = {
     "write_calls": 300,
     "write_batch_calls": 10,
     "write_rounds": 3,
+    "threads_counts": [1, 4],
+    "threads_seconds": 1.0,
+    "threads_rounds": 1,
     "inline_calls": 30,
     "backfill_records": 300,
     "backfill_idle_calls": 150,
@@ -169,6 +176,16 @@ def section_write(folder: Path, plan: dict[str, Any]) -> dict[str, Any]:
             folder / f"{level}-steps", level, plan["write_calls"] // 2
         )
     return results
+
+
+def section_threads(folder: Path, plan: dict[str, Any]) -> dict[str, Any]:
+    return threads.run(
+        folder,
+        "FULL",
+        tuple(plan["threads_counts"]),
+        plan["threads_seconds"],
+        plan["threads_rounds"],
+    )
 
 
 def section_inline(folder: Path, plan: dict[str, Any]) -> dict[str, Any]:
@@ -329,6 +346,7 @@ def section_rss(folder: Path, plan: dict[str, Any]) -> dict[str, Any]:
 
 RUNNERS: dict[str, Callable[[Path, dict[str, Any]], Any]] = {
     "write": section_write,
+    "threads": section_threads,
     "inline": section_inline,
     "backfill": section_backfill,
     "drain": section_drain,
@@ -372,6 +390,19 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
                 1.0,
                 ratio >= 1.0,
                 "writes per second, one per call, back to back",
+            )
+    overlapping = results.get("threads")
+    if overlapping:
+        most = max(overlapping, key=int)
+        table = overlapping[most]
+        for rival in ("persist-queue put", "litequeue put"):
+            ratio = _ratio(table["add"]["per_s"], table[rival]["per_s"])
+            goal(
+                f"add throughput / {rival}, {most} writer threads (FULL)",
+                ratio,
+                1.0,
+                ratio >= 1.0,
+                "writes per second, threads of one process writing back to back",
             )
     backfill = results.get("backfill")
     if backfill:
@@ -451,6 +482,21 @@ def report(results: dict[str, Any]) -> str:
                 "|---|---:|",
                 *(f"| {step} | {value:.0f} |" for step, value in steps.items()),
             ]
+    overlapping = results.get("threads")
+    if overlapping:
+        lines += [
+            "\n### Writer threads in one process (synchronous=FULL)\n",
+            "| threads | path | writes | per second | median ms | p99 ms | per second / floor |",
+            "|---:|---|---:|---:|---:|---:|---:|",
+        ]
+        for count, table in overlapping.items():
+            floor = table["floor"]["per_s"]
+            for name, stats in table.items():
+                lines.append(
+                    f"| {count} | {name} | {stats['writes']:,} | {stats['per_s']:,.0f} | "
+                    f"{_ms(stats['median_us'])} | {_ms(stats['p99_us'])} | "
+                    f"{stats['per_s'] / floor:.2f}x |"
+                )
     inline = results.get("inline")
     if inline:
         add = write["FULL"]["add"]["median_us"] if write else None
