@@ -323,6 +323,7 @@ class Outbox:
         return self.settings.markdown_dir
 
     def close(self) -> None:
+        self.writer.close()
         self.lock.close()
         self.jsonl.close()
         self.engine.dispose()

@@ -5,11 +5,12 @@ This module imports no sink, no model and no chromadb: a write can never wait on
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,6 +82,7 @@ class Writer:
         self.busy_timeout = busy_timeout
         self._markdown_folder = str(markdown_dir)
         self._folder_ready = False  # made once; a folder removed later is made again
+        self._connection: Connection | None = None
         self._queue_lock = threading.Lock()
         self._waiting: list[_Ticket] = []
         self._leading = False
@@ -208,7 +210,7 @@ class Writer:
         """The transaction and the mirrors, all under the mirror lock."""
         with self.lock.hold(deadline):
             now = time.time()
-            with self.storage.engine.begin() as conn:
+            with self._transaction() as conn:
                 accepted = [
                     self.insert(conn, record, now, adopted.get(record.key)) for record in records
                 ]
@@ -218,6 +220,32 @@ class Writer:
                 skip_markdown=set(adopted),
             )
         return accepted
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[Connection]:
+        """A transaction on the writer's own SQLite connection, kept between writes: a pool
+        checkout and return per write cost about 30 µs. Only the thread holding the mirror
+        lock uses it. A connection that saw an error is dropped, the next write opens
+        another. PostgreSQL keeps the pool, whose pre-ping notices a restarted server."""
+        if self.storage.dialect != "sqlite":
+            with self.storage.engine.begin() as conn:
+                yield conn
+            return
+        if self._connection is None:
+            self._connection = self.storage.engine.connect()
+        try:
+            with self._connection.begin():
+                yield self._connection
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Give the writer's connection back (before the engine is disposed)."""
+        if self._connection is not None:
+            with contextlib.suppress(Exception):
+                self._connection.close()
+            self._connection = None
 
     # -- mirrors --------------------------------------------------------------------------
 
