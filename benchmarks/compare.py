@@ -371,6 +371,11 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
             {"goal": name, "value": round(value, 3), "limit": limit, "met": met, "detail": detail}
         )
 
+    def throughput(table: dict[str, Any], where: str, detail: str) -> None:
+        for rival in ("persist-queue put", "litequeue put"):
+            ratio = _ratio(table["add"]["per_s"], table[rival]["per_s"])
+            goal(f"add throughput / {rival}{where} (FULL)", ratio, 1.0, ratio >= 1.0, detail)
+
     write = results.get("write", {})
     if write:
         full = write["FULL"]
@@ -382,28 +387,15 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
             ratio <= GOAL_FLOOR_RATIO,
             "one record per call, same rows, same synchronous",
         )
-        for rival in ("persist-queue put", "litequeue put"):
-            ratio = _ratio(full["add"]["per_s"], full[rival]["per_s"])
-            goal(
-                f"add throughput / {rival} (FULL)",
-                ratio,
-                1.0,
-                ratio >= 1.0,
-                "writes per second, one per call, back to back",
-            )
+        throughput(full, "", "writes per second, one per call, back to back")
     overlapping = results.get("threads")
     if overlapping:
         most = max(overlapping, key=int)
-        table = overlapping[most]
-        for rival in ("persist-queue put", "litequeue put"):
-            ratio = _ratio(table["add"]["per_s"], table[rival]["per_s"])
-            goal(
-                f"add throughput / {rival}, {most} writer threads (FULL)",
-                ratio,
-                1.0,
-                ratio >= 1.0,
-                "writes per second, threads of one process writing back to back",
-            )
+        throughput(
+            overlapping[most],
+            f", {most} writer threads",
+            "writes per second, threads of one process writing back to back",
+        )
     backfill = results.get("backfill")
     if backfill:
         ratio = _ratio(backfill["busy"]["p99_us"], backfill["idle"]["p99_us"])
