@@ -11,7 +11,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sqlalchemy import Connection
@@ -50,6 +50,7 @@ class _Ticket:
     deadline: float
     done: threading.Event | None = None  # only a ticket that waits needs one
     lead: bool = False
+    passed: bool = False  # this ticket led and handed the lead on
     accepted: list[Accepted] | None = None
     error: BaseException | None = None
 
@@ -152,10 +153,14 @@ class Writer:
                 ticket.done = threading.Event()
             else:
                 self._leading = ticket.lead = True
-        if not ticket.lead:
-            self._wait_turn(ticket)
-        if ticket.lead:
-            self._lead()
+        try:
+            if not ticket.lead:
+                self._wait_turn(ticket)
+            if ticket.lead:
+                self._lead(ticket)
+        except BaseException:
+            self._abandon(ticket)
+            raise
         if ticket.error is not None:
             raise ticket.error
         assert ticket.accepted is not None
@@ -176,33 +181,55 @@ class Writer:
                 raise MirrorBusy("other writers held the write queue past the write's time bound")
         ticket.done.wait()
 
-    def _lead(self) -> None:
-        """Commit every queued ticket as one group, then pass the lead to the next in line."""
-        with self._queue_lock:
-            group, self._waiting = self._waiting, []
+    def _lead(self, own: _Ticket) -> None:
+        """Commit every queued ticket as one group, then pass the lead to the next in line.
+
+        The group's bound is its earliest deadline, so no caller in it waits past its own.
+        """
+        group: list[_Ticket] = []
         try:
+            with self._queue_lock:
+                group, self._waiting = self._waiting, []
             records = [record for ticket in group for record in ticket.records]
-            accepted = self._transact(records, {}, max(ticket.deadline for ticket in group))
-        except BaseException as exc:  # every caller in the group gets it, and falls back
+            accepted = self._transact(records, {}, min(ticket.deadline for ticket in group))
+        except BaseException as exc:
             for ticket in group:
-                ticket.error = exc
+                # Only the leader's own thread sees an interrupt (KeyboardInterrupt,
+                # SystemExit); the others' writes just did not commit, and fall back.
+                interrupted = ticket is not own and not isinstance(exc, Exception)
+                ticket.error = MirrorBusy("its group was interrupted") if interrupted else exc
         else:
             start = 0
             for ticket in group:
                 ticket.accepted = accepted[start : start + len(ticket.records)]
                 start += len(ticket.records)
         finally:
+            own.passed = True
             with self._queue_lock:
-                if self._waiting:
-                    successor = self._waiting[0]
-                    successor.lead = True
-                    assert successor.done is not None
-                    successor.done.set()
-                else:
-                    self._leading = False
+                self._pass_lead()
             for ticket in group:
                 if ticket.done is not None:
                     ticket.done.set()
+
+    def _pass_lead(self) -> None:
+        """Wake the first waiting ticket as the next leader, or mark nobody leading.
+        Call with the queue lock held."""
+        if self._waiting:
+            successor = self._waiting[0]
+            successor.lead = True
+            assert successor.done is not None
+            successor.done.set()
+        else:
+            self._leading = False
+
+    def _abandon(self, ticket: _Ticket) -> None:
+        """An interrupted caller leaves the queue, and hands on a lead it never used."""
+        with self._queue_lock:
+            if ticket in self._waiting:
+                self._waiting.remove(ticket)
+            if ticket.lead and not ticket.passed:
+                ticket.passed = True
+                self._pass_lead()
 
     def _transact(
         self, records: Sequence[Record], adopted: dict[str, str], deadline: float
@@ -210,32 +237,50 @@ class Writer:
         """The transaction and the mirrors, all under the mirror lock."""
         with self.lock.hold(deadline):
             now = time.time()
-            with self._transaction() as conn:
+            with self._transaction(deadline) as conn:
                 accepted = [
                     self.insert(conn, record, now, adopted.get(record.key)) for record in records
                 ]
                 notify(conn)
-            self.write_mirrors(
-                [item for item in accepted if not item.duplicate],
-                skip_markdown=set(adopted),
+            mirrored = iter(
+                self.write_mirrors(
+                    [item for item in accepted if not item.duplicate],
+                    skip_markdown=set(adopted),
+                )
             )
-        return accepted
+        return [item if item.duplicate else next(mirrored) for item in accepted]
 
     @contextlib.contextmanager
-    def _transaction(self) -> Iterator[Connection]:
-        """A transaction on the writer's own SQLite connection, kept between writes: a pool
-        checkout and return per write cost about 30 µs. Only the thread holding the mirror
-        lock uses it. A connection that saw an error is dropped, the next write opens
-        another. PostgreSQL keeps the pool, whose pre-ping notices a restarted server."""
+    def _transaction(self, deadline: float) -> Iterator[Connection]:
+        """A transaction whose wait for the database lock ends by ``deadline`` (less the
+        margin for statements and mirrors), whatever waiting for the mirror lock used.
+
+        SQLite runs it on the writer's own connection, kept between writes: a pool checkout
+        and return per write cost about 30 µs. Only the thread holding the mirror lock uses
+        it; one that saw an error is dropped and the next write opens another. PostgreSQL
+        keeps the pool, whose pre-ping notices a restarted server.
+        """
+        budget = deadline - time.monotonic() - WRITE_MARGIN_SECONDS
+        shortened = budget < self.busy_timeout
         if self.storage.dialect != "sqlite":
             with self.storage.engine.begin() as conn:
+                if shortened:  # 0 would mean "wait forever" here
+                    timeout_ms = max(1, int(budget * 1000))
+                    conn.exec_driver_sql(f"SET LOCAL lock_timeout = {timeout_ms}")
                 yield conn
             return
         if self._connection is None:
             self._connection = self.storage.engine.connect()
+        conn = self._connection
         try:
-            with self._connection.begin():
-                yield self._connection
+            driver = conn.connection.driver_connection
+            assert driver is not None
+            if shortened:
+                driver.execute(f"PRAGMA busy_timeout = {max(0, int(budget * 1000))}")
+            with conn.begin():
+                yield conn
+            if shortened:
+                driver.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
         except BaseException:
             self.close()
             raise
@@ -259,38 +304,63 @@ class Writer:
 
     def write_mirrors(
         self, accepted: Sequence[Accepted], skip_markdown: set[str] | None = None
-    ) -> None:
-        """Append accepted lines and create markdown files; a failure here loses nothing,
-        since the database holds the record and repair rewrites the mirror."""
-        if not accepted:
-            return
+    ) -> list[Accepted]:
+        """Create markdown files, then append accepted lines; returns ``accepted`` with the
+        file names as finally written. A failure here loses nothing: the database holds
+        the record and repair rewrites the mirror."""
+        final: list[Accepted] = []
+        try:
+            for item in accepted:
+                if not (skip_markdown and item.record.key in skip_markdown):
+                    item = self._create_markdown(item)
+                final.append(item)
+        except OSError as exc:
+            log.warning("markdown mirror write failed (%s); repair will restore it", exc.strerror)
+        final.extend(accepted[len(final) :])
+        if not final:
+            return final
         try:
             self.jsonl.append(
                 [
                     accepted_event(item.record, item.seq or 0, item.markdown_name, list(self.sinks))
-                    for item in accepted
+                    for item in final
                 ]
             )
         except OSError as exc:
             log.warning("JSONL mirror append failed (%s); repair will restore it", exc.strerror)
-        try:
-            for item in accepted:
-                if skip_markdown and item.record.key in skip_markdown:
-                    continue
-                self._create_markdown(item.markdown_name, self.render_markdown(item.record))
-        except OSError as exc:
-            log.warning("markdown mirror write failed (%s); repair will restore it", exc.strerror)
+        return final
 
-    def _create_markdown(self, name: str, data: bytes) -> None:
+    def _write_new(self, name: str, data: bytes) -> bool:
         if not self._folder_ready:
             markdown.ensure_dir(self.markdown_dir)
             self._folder_ready = True
         path = os.path.join(self._markdown_folder, name)
         try:
-            markdown.write_new(path, data)
+            return markdown.write_new(path, data)
         except FileNotFoundError:  # the folder was removed since: make it again
             markdown.ensure_dir(self.markdown_dir)
-            markdown.write_new(path, data)
+            return markdown.write_new(path, data)
+
+    def _create_markdown(self, item: Accepted) -> Accepted:
+        """Create the record's file. If another key's file took the name after the
+        transaction chose it (a fallback file written meanwhile, outside the mirror lock),
+        move the record to its ``-<key8>`` name rather than leave it without a file."""
+        data = self.render_markdown(item.record)
+        if self._write_new(item.markdown_name, data):
+            return item
+        owner = self._file_owner(Path(self._markdown_folder) / item.markdown_name)
+        if owner in (item.record.key, ""):  # already ours, or unreadable: repair's to judge
+            return item
+        record = item.record
+        name = markdown_filename(record.timestamp, record.slug, collision_key=record.key)
+        try:
+            with self._transaction(time.monotonic() + self.busy_timeout) as conn:
+                self.storage.rename_markdown(conn, record.key, name)
+        except Exception as exc:  # the record stands; verify will name the file
+            log.warning("could not move a record off a taken file name (%s)", exc)
+            return item
+        self._write_new(name, data)
+        return replace(item, markdown_name=name)
 
     # -- receipts -------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +24,7 @@ import pytest
 
 from outbox import Outbox, Receipt, Settings, StoreFailed
 from outbox.fallback import INDEX_NAME, FallbackQueue
+from outbox.mirror.lock import MirrorLock
 from outbox.record import build_record
 from outbox.replay import Replayer, ReplayReport, load_pending
 from tests.conftest import FAULTY
@@ -101,6 +103,40 @@ def _assert_recovered(settings: Settings, keys: list[str], total: int) -> None:
 
 
 # -- 1. a database locked past the busy timeout --------------------------------------------
+
+
+def test_time_spent_waiting_for_the_mirror_lock_is_taken_from_the_database_wait(
+    settings: Settings,
+) -> None:
+    """Someone holds the mirror lock for most of the bound and the database is locked too:
+    the write's wait for the database gets only what is left, so the whole write still
+    returns within busy_timeout + margin (waiting the full busy_timeout again would not)."""
+    settings = replace(settings, busy_timeout=BUSY)
+    ob = Outbox.open(settings)
+    try:
+        ob.add("a memory written before anything was locked")
+        other = MirrorLock(ob.lock.path)  # another open file: its flock excludes ours
+        held = threading.Event()
+
+        def hold_mirror_lock() -> None:
+            with other.hold():
+                held.set()
+                time.sleep(1.2 * BUSY)
+
+        holder = threading.Thread(target=hold_mirror_lock)
+        with held_write_lock(settings.home / "outbox.db"):
+            holder.start()
+            held.wait(10)
+            started = time.monotonic()
+            receipt = ob.add("written while both locks are held")
+            elapsed = time.monotonic() - started
+            holder.join(10)
+        other.close()
+    finally:
+        ob.close()
+    assert receipt.status == "fallback"
+    assert elapsed >= BUSY  # it did wait for the mirror lock
+    assert elapsed <= BUSY + MARGIN  # 1.2 s for the mirror lock + a full 1 s would not fit
 
 
 def test_locked_database_falls_back_within_the_bound_then_imports_once(

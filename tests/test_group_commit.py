@@ -16,6 +16,8 @@ from sqlalchemy import event
 
 from outbox import Outbox, Receipt, Settings
 from outbox.receipt import FALLBACK, QUEUED
+from outbox.record import build_record
+from outbox.slugs import markdown_filename
 
 TS = "2026-11-29T08:00:00.000000Z"
 
@@ -149,3 +151,107 @@ def test_a_writer_queued_past_its_time_bound_falls_back_in_time(settings: Settin
         assert ob.storage.count_records() == 1
     finally:
         ob.close()
+
+
+def test_an_interrupted_leader_sends_the_others_to_the_fallback_and_hands_on(ob: Outbox) -> None:
+    """KeyboardInterrupt in the thread leading a group is that thread's alone: the others
+    in its group fall back (nothing lost), and the next write in the process still commits."""
+    raised: dict[int, BaseException] = {}
+    receipts: dict[int, Receipt] = {}
+
+    class Interrupting(Gate):
+        def _on_commit(self, conn: Any) -> None:
+            self.commits += 1
+            if self.commits == 1:
+                wait_until(self.ready)
+            elif self.commits == 2:
+                raise KeyboardInterrupt
+
+    Interrupting(ob, queued(ob, 3))
+
+    def work(number: int) -> None:
+        try:
+            receipts[number] = ob.add(f"memory {number} written while someone hits Ctrl-C")
+        except BaseException as exc:  # the interrupt is what is tested
+            raised[number] = exc
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    threads[0].start()
+    wait_until(lambda: ob.writer._leading)
+    for thread in threads[1:]:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+
+    assert len(raised) == 1 and isinstance(next(iter(raised.values())), KeyboardInterrupt)
+    assert receipts[0].status == QUEUED
+    fallen = [r for n, r in receipts.items() if n != 0]
+    assert len(fallen) == 2 and all(r.status == FALLBACK for r in fallen)
+    assert not ob.writer._leading and not ob.writer._waiting
+    assert ob.add("the next write after the interrupt").status == QUEUED
+
+
+def test_a_caller_interrupted_after_being_handed_the_lead_hands_it_on(ob: Outbox) -> None:
+    gate = Gate(ob, queued(ob, 2))
+    original = ob.writer._wait_turn
+    interrupted: list[BaseException] = []
+    receipts: dict[int, Receipt] = {}
+
+    def wait_then_interrupt(ticket: Any) -> None:
+        original(ticket)
+        if ticket.records[0].content.startswith("interrupted") and ticket.lead:
+            raise KeyboardInterrupt
+
+    ob.writer._wait_turn = wait_then_interrupt  # type: ignore[method-assign]
+
+    def work(number: int, text: str) -> None:
+        try:
+            receipts[number] = ob.add(text)
+        except KeyboardInterrupt as exc:
+            interrupted.append(exc)
+
+    leader = threading.Thread(target=work, args=(0, "the leader"))
+    leader.start()
+    wait_until(lambda: ob.writer._leading)
+    first = threading.Thread(target=work, args=(1, "interrupted as it takes the lead"))
+    first.start()
+    wait_until(queued(ob, 1))
+    second = threading.Thread(target=work, args=(2, "the one behind it"))
+    second.start()
+    for thread in (leader, first, second):
+        thread.join(30)
+
+    assert len(interrupted) == 1
+    assert receipts[0].status == QUEUED and receipts[2].status == QUEUED
+    assert gate.commits == 2
+    assert not ob.writer._leading and not ob.writer._waiting
+    assert ob.storage.count_records() == 2
+
+
+def test_a_name_taken_by_a_fallback_file_during_the_commit_moves_the_record(ob: Outbox) -> None:
+    """A fallback writer (outside the mirror lock) may create the very name the transaction
+    chose; the committed record then gets its -<key8> name, in the database and on disk."""
+    content = "the name of this memory is taken while it commits"
+    foreign = b"---\nkey: someone-else\n---\nanother memory\n"
+    record = build_record(content, timestamp=TS)
+    ob.markdown_dir.mkdir(parents=True, exist_ok=True)
+    chosen = ob.markdown_dir / markdown_filename(record.timestamp, record.slug)
+
+    def create_foreign_file(_conn: Any) -> None:
+        chosen.write_bytes(foreign)
+
+    event.listen(ob.storage.engine, "commit", create_foreign_file)
+    try:
+        receipt = ob.add(content, timestamp=TS)
+    finally:
+        event.remove(ob.storage.engine, "commit", create_foreign_file)
+
+    assert receipt.status == QUEUED
+    assert chosen.read_bytes() == foreign  # the other key's file is left alone
+    assert receipt.markdown_path != chosen
+    assert receipt.markdown_path.name.endswith(f"-{receipt.key[:8]}.md")
+    assert receipt.markdown_path.read_bytes().endswith(content.encode())
+    stored = ob.storage.get_record(receipt.key)
+    assert stored is not None and stored.markdown_name == receipt.markdown_path.name
+    (line,) = [json.loads(raw) for raw in ob.settings.jsonl_path.read_text().splitlines()]
+    assert line["markdown"] == receipt.markdown_path.name

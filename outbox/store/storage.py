@@ -337,6 +337,10 @@ class Storage:
             )
         return seq
 
+    def rename_markdown(self, conn: Connection, key: str, name: str) -> None:
+        """Point a committed record at another markdown file name."""
+        conn.execute(update(records).where(records.c.key == key).values(markdown_name=name))
+
     # -- reads ----------------------------------------------------------------------------
 
     def get_record(self, key: str, conn: Connection | None = None) -> StoredRecord | None:
