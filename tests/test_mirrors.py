@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -341,3 +342,45 @@ def test_a_log_that_lost_its_tail_and_grew_again_is_rescanned(settings: Settings
         assert sorted(accepted_keys(ob)) == sorted([first.key, lost.key, grown.key])
         check = ob.verify()
         assert check.ok, check.problems
+
+
+def test_two_threads_writing_one_name_atomically_never_share_a_temp_file(tmp_path: Path) -> None:
+    """Two fallback writes of the same name at once: one file, whole, from one writer."""
+    datas = [b"---\nkey: first\n---\n" + b"a" * 50_000, b"---\nkey: second\n---\n" + b"b" * 50_000]
+    for round_number in range(60):
+        path = tmp_path / f"round-{round_number}.md"
+        barrier = threading.Barrier(2)
+        results: dict[int, bool | BaseException] = {}
+
+        def write(
+            number: int,
+            target: Path = path,
+            wait: threading.Barrier = barrier,
+            out: dict[int, bool | BaseException] = results,
+        ) -> None:
+            wait.wait()
+            try:
+                out[number] = markdown.write_atomic(target, datas[number], exclusive=True)
+            except BaseException as exc:  # a shared temp file shows up as an error here
+                out[number] = exc
+
+        threads = [threading.Thread(target=write, args=(n,)) for n in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert sorted(results.values(), key=str) == [False, True], results
+        winner = next(n for n, created in results.items() if created is True)
+        assert path.read_bytes() == datas[winner]
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_delivery_state_is_never_written_into_another_keys_file(outbox: Outbox) -> None:
+    receipt = outbox.add("a memory whose file another record's file replaced")
+    assert receipt.markdown_path is not None
+    foreign = b"---\nkey: another-key\nintended_brain_store: true\n---\nsomeone else\n"
+    receipt.markdown_path.write_bytes(foreign)
+    outbox.drain(timeout=30)
+    (row,) = outbox.storage.deliveries_for([receipt.key])[receipt.key]
+    assert row.state == "delivered"
+    assert receipt.markdown_path.read_bytes() == foreign

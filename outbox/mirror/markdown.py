@@ -11,6 +11,7 @@ import contextlib
 import functools
 import os
 import re
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -222,7 +223,8 @@ def write_atomic(path: Path, data: bytes, *, exclusive: bool = False, durable: b
     file is the only copy (the fallback queue) and for in-place front-matter updates.
     ``durable=False`` skips both fsyncs where the database can rebuild the file.
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # Per thread: two threads writing the same name must not share (and truncate) one temp.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         view = memoryview(data)

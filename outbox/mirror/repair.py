@@ -241,6 +241,10 @@ class MirrorSync:
             except markdown.MalformedMarkdown as exc:
                 report.problems.append(f"{path}: {exc}; left as it is")
                 continue
+            owner = current.get("key")
+            if owner and owner != key:  # never write one record's state into another's file
+                report.problems.append(f"{path}: carries another key; left as it is")
+                continue
             merged = {**current, **delivery_updates(current, matter, record_rows)}
             if merged != current:
                 markdown.write_atomic(path, markdown.render(merged, body), durable=False)
