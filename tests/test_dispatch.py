@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import threading
 import time
 from dataclasses import replace
@@ -196,3 +197,35 @@ def test_a_sink_that_cannot_load_leaves_its_rows_untouched(settings: Settings) -
         assert report.sinks[broken].last_error == "ConfigError"
         (row,) = ob.storage.deliveries_for([receipt.key])[receipt.key]
         assert (row.state, row.attempts, row.error_class) == ("pending", 0, None)
+
+
+def test_a_failed_maintenance_round_does_not_stop_the_daemon(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """A database locked past the busy timeout during maintenance (pruning, mirror catch-up)
+    is retried next round; the daemon keeps delivering."""
+    settings = replace(settings, retention=10.0, poll_interval=0.05)
+    sink = FaultySink(tmp_path / "a.db", A, fail_rate=0, hang=0)
+    rounds: list[str] = []
+    with Outbox.open(settings) as ob:
+        dispatcher = Dispatcher(ob, sink_objects={A: sink}, batch_size=10)
+        original = dispatcher.maintain
+
+        def flaky_maintain() -> int:
+            rounds.append("called")
+            if len(rounds) == 1:
+                raise sqlite3.OperationalError("database is locked")
+            return original()
+
+        dispatcher.maintain = flaky_maintain  # type: ignore[method-assign]
+        runner = threading.Thread(target=dispatcher.run, daemon=True)
+        runner.start()
+        try:
+            assert _wait_for(lambda: len(rounds) >= 2, timeout=20), "no second round"
+            assert runner.is_alive()
+            key = ob.add("delivered after a failed maintenance round").key
+            assert _wait_for(lambda: key in sink.stored())
+        finally:
+            dispatcher.stop_event.set()
+            runner.join(timeout=20)
+            dispatcher.close()

@@ -354,7 +354,10 @@ class Dispatcher:
             thread.start()
         retention = self.outbox.settings.retention
         while not self.stop_event.wait(min(30.0, max(1.0, retention / 10))):
-            self.maintain()
+            try:
+                self.maintain()
+            except Exception as exc:  # a database locked for a while: try again next round
+                log.warning("maintenance failed (%s); retrying later", exc.__class__.__name__)
         for event in wakes.values():
             event.set()
         for thread in threads:
