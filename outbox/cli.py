@@ -315,6 +315,13 @@ def _clip(text: str, width: int) -> str:
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
+def _memory_cell(row: dict[str, Any]) -> str:
+    """One result's memory on one table line, alike in ``search`` and ``recent``: a plain
+    memory's content, or a turn's prompt and response."""
+    text = row.get("content") or f"{row.get('prompt', '')} → {row.get('response', '')}"
+    return _clip(text, 80)
+
+
 def cmd_search(args: argparse.Namespace) -> int:
     from outbox.memory_core import MemoryService
 
@@ -325,9 +332,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         service.close()
     lines = [f"{'source':<8} {'score':>8}  {'timestamp':<27} memory"]
     for row in answer["results"]:
-        text = row.get("content") or f"{row.get('prompt', '')} → {row.get('response', '')}"
         lines.append(
-            f"{row['source']:<8} {row['score']:>8.4f}  {row['timestamp']:<27} {_clip(text, 80)}"
+            f"{row['source']:<8} {row['score']:>8.4f}  {row['timestamp']:<27} {_memory_cell(row)}"
         )
     if not answer["results"]:
         lines = ["no memories match"]
@@ -349,9 +355,8 @@ def cmd_recent(args: argparse.Namespace) -> int:
         service.close()
     lines = [f"{'timestamp':<27} {'session':<12} memory"]
     for row in answer["turns"]:
-        text = row.get("content") or f"{row.get('prompt', '')} → {row.get('response', '')}"
         lines.append(
-            f"{row['timestamp']:<27} {str(row['sessionId'] or '-')[:12]:<12} {_clip(text, 80)}"
+            f"{row['timestamp']:<27} {str(row['sessionId'] or '-')[:12]:<12} {_memory_cell(row)}"
         )
     if not answer["turns"]:
         lines = ["no memories yet"]

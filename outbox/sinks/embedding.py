@@ -105,7 +105,29 @@ def onnx_threads() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
-class MiniLMEmbedding:
+class _BuiltinEmbedding:
+    """The rest of Chroma's ``EmbeddingFunction`` protocol, alike for both built-in embedders:
+    their config only records what made the vectors (the pinned model, or nothing), so there
+    is nothing to check and nothing that may change."""
+
+    @staticmethod
+    def validate_config(config: dict[str, Any]) -> None:
+        """Nothing to check."""
+
+    def validate_config_update(self, old: dict[str, Any], new: dict[str, Any]) -> None:
+        """Nothing can change."""
+
+    def default_space(self) -> str:
+        return "cosine"
+
+    def supported_spaces(self) -> list[str]:
+        return ["cosine", "l2", "ip"]
+
+    def is_legacy(self) -> bool:
+        return False
+
+
+class MiniLMEmbedding(_BuiltinEmbedding):
     """all-MiniLM-L6-v2 int8 ONNX: 384-d unit vectors, equal to sentence-transformers' output
     up to int8 rounding (cosine >= 0.999).
 
@@ -181,24 +203,8 @@ class MiniLMEmbedding:
         cost ~300 ms per write."""
         return shared(MiniLMEmbedding)
 
-    @staticmethod
-    def validate_config(config: dict[str, Any]) -> None:
-        """Nothing to check: the config only records which pinned model made the vectors."""
 
-    def validate_config_update(self, old: dict[str, Any], new: dict[str, Any]) -> None:
-        """Nothing can change: the model is pinned."""
-
-    def default_space(self) -> str:
-        return "cosine"
-
-    def supported_spaces(self) -> list[str]:
-        return ["cosine", "l2", "ip"]
-
-    def is_legacy(self) -> bool:
-        return False
-
-
-class HashingEmbedding:
+class HashingEmbedding(_BuiltinEmbedding):
     """FOR TESTS ONLY, never a fallback: used solely when ``OUTBOX_EMBEDDING=hashing``.
 
     Signed feature hashing of lowercase words and word pairs into 384 dimensions: fast and
@@ -233,22 +239,6 @@ class HashingEmbedding:
     @staticmethod
     def build_from_config(config: dict[str, Any]) -> HashingEmbedding:
         return shared(HashingEmbedding)
-
-    @staticmethod
-    def validate_config(config: dict[str, Any]) -> None:
-        """Stateless: nothing to check."""
-
-    def validate_config_update(self, old: dict[str, Any], new: dict[str, Any]) -> None:
-        """Stateless: nothing to check."""
-
-    def default_space(self) -> str:
-        return "cosine"
-
-    def supported_spaces(self) -> list[str]:
-        return ["cosine", "l2", "ip"]
-
-    def is_legacy(self) -> bool:
-        return False
 
 
 def embedding_name(embedder: object) -> str:
