@@ -193,6 +193,9 @@ class Outbox:
 
         The row commits or rolls back with the caller's rows. Its mirrors are written by the
         next ``sync_mirrors()`` (call it after committing; open and the dispatcher also do).
+        On SQLite, a ``BEGIN IMMEDIATE`` that cannot get the lock raises ``sqlite3.Error``
+        itself (not SQLAlchemy's wrapper): catch both when retrying a locked database, on a
+        fresh connection.
         """
         record = self.prepare(content, **fields)
         accepted = self.writer.insert(conn, record, time.time())
