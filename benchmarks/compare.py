@@ -1,6 +1,6 @@
 """The outbox side by side with its floor and its rivals, in one run, on this machine.
 
-    .venv/bin/python -m benchmarks.compare            # the full run (about 15 minutes)
+    .venv/bin/python -m benchmarks.compare            # the full run (about 19 minutes)
     .venv/bin/python -m benchmarks.compare --quick    # a smoke run (under 3 minutes)
 
 Sections (``--only write,threads,inline,backfill,drain,scale,rss`` runs a subset): the write
