@@ -29,6 +29,7 @@ from outbox.config import Settings
 from outbox.receipt import FALLBACK, STORED, Receipt
 from outbox.record import check_content
 from outbox.store import recall
+from outbox.store.storage import PENDING_DEPTH_CAP
 
 log = logging.getLogger(__name__)
 
@@ -129,11 +130,13 @@ class MemoryService:
             "lexicalQueryable": receipt.status != FALLBACK,
             "semanticQueryable": semantic,
             "pendingDepth": None,
+            "pendingDepthAtLeast": None,
             "oldestPendingAgeMs": None,
         }
         try:
             depth, oldest = self.outbox.storage.pending_summary(VECTOR_SINK)
             block["pendingDepth"] = depth
+            block["pendingDepthAtLeast"] = depth >= PENDING_DEPTH_CAP  # counted no further
             if oldest is not None:
                 block["oldestPendingAgeMs"] = int((time.time() - oldest) * 1000)
         except Exception as exc:  # the write stands; only the figures are missing

@@ -148,3 +148,44 @@ def test_mirror_pending_walks_the_pending_index_not_every_record(tmp_path: Path)
             )
     assert "ix_deliveries_mirror_pending" in plan, plan
     assert "ix_records_origin_seq" not in plan, plan
+
+
+def test_pending_summary_counts_to_its_cap_and_finds_the_oldest(storage: Storage) -> None:
+    """add_memory reports these on every write: the count stops at the cap, the oldest
+    undelivered row (pending or leased) is found whatever lies between."""
+    t0 = 7_000_000.0
+    _seed(storage, 30, t0, origin="old")
+    _seed(storage, 40, t0 + 100, origin="new")
+    assert storage.pending_summary(SINK, cap=25) == (25, t0)
+    assert storage.pending_summary(SINK, cap=1000) == (70, t0)
+    claimed = storage.claim(SINK, "me", limit=30, lease_seconds=60, now=t0 + 200)
+    assert len(claimed) == 30
+    assert storage.pending_summary(SINK) == (70, t0)  # leased rows are still undelivered
+    storage.settle("me", [(row.delivery_id, "id") for row in claimed], [], now=t0 + 300)
+    assert storage.pending_summary(SINK) == (40, t0 + 100)
+    assert storage.pending_summary("another-sink") == (0, None)
+
+
+def test_pending_summary_reads_the_age_index_not_every_pending_row(tmp_path: Path) -> None:
+    """Without the index the oldest row needed a scan of every pending row: 30 ms per
+    add_memory at 100,000 pending, 86 ms at 300,000 (0.4-0.7 ms with it)."""
+    settings = load_settings(
+        env={}, home=tmp_path / ".outbox", markdown_dir=tmp_path / "md", sinks=SINK
+    )
+    with Outbox.open(settings) as ob:
+        seen: list[tuple[str, Any]] = []
+
+        def capture(_conn: Any, _cursor: Any, statement: str, params: Any, *_: Any) -> None:
+            seen.append((statement, params))
+
+        event.listen(ob.storage.reader, "before_cursor_execute", capture)
+        ob.storage.pending_summary(SINK)
+        ((statement, params),) = seen
+        with ob.storage.reader.connect() as conn:
+            plan = [
+                str(row[-1])
+                for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, params)
+            ]
+    searches = [step for step in plan if "ix_deliveries_sink_state_created" in step]
+    assert len(searches) >= 2, plan  # one step per undelivered state
+    assert not any(step.startswith("SCAN deliveries") for step in plan), plan

@@ -23,7 +23,7 @@ from sqlalchemy import (
 )
 
 # Bumped with every migration; opening compares it to alembic_version before loading Alembic.
-SCHEMA_REVISION = "0002"
+SCHEMA_REVISION = "0003"
 
 metadata = MetaData()
 
@@ -99,6 +99,13 @@ deliveries = Table(
     UniqueConstraint("record_key", "sink", name="uq_deliveries_record_sink"),
 )
 Index("ix_deliveries_due", deliveries.c.sink, deliveries.c.state, deliveries.c.available_at)
+# The oldest undelivered row per sink in one index step (add_memory's visibility block).
+Index(
+    "ix_deliveries_sink_state_created",
+    deliveries.c.sink,
+    deliveries.c.state,
+    deliveries.c.created_at,
+)
 # Partial: only the few rows whose mirror update is outstanding are indexed.
 Index(
     "ix_deliveries_mirror_pending",

@@ -27,6 +27,8 @@ from outbox.store.schema import (
 )
 
 PENDING, LEASED, DELIVERED, DEAD, DISCARDED = "pending", "leased", "delivered", "dead", "discarded"
+# How far pending_summary counts: beyond this a backlog is reported as "at least this many".
+PENDING_DEPTH_CAP = 1000
 STATES = (PENDING, LEASED, DELIVERED, DEAD, DISCARDED)
 
 
@@ -659,16 +661,29 @@ class Storage:
             ).all()
         return {sink: float(created) for sink, created in rows}
 
-    def pending_summary(self, sink: str) -> tuple[int, float | None]:
-        """(rows of ``sink`` not delivered yet, the oldest one's creation time), in one query
-        that stays on the sink's slice of the due index (``add_memory`` reports it)."""
+    def pending_summary(self, sink: str, cap: int = PENDING_DEPTH_CAP) -> tuple[int, float | None]:
+        """(rows of ``sink`` not delivered yet, counted up to ``cap``; the oldest one's
+        creation time). ``add_memory`` reports both on every write, so neither may grow with
+        the backlog: the count stops at ``cap`` and the oldest is one index step per state."""
+        undelivered = (PENDING, LEASED)
+        depth = (
+            select(deliveries.c.id)
+            .where(deliveries.c.sink == sink, deliveries.c.state.in_(undelivered))
+            .limit(cap)
+            .subquery()
+        )
+        oldest = [
+            select(func.min(deliveries.c.created_at))
+            .where(deliveries.c.sink == sink, deliveries.c.state == state)
+            .scalar_subquery()
+            for state in undelivered
+        ]
         with self.reader.connect() as conn:
-            count, oldest = conn.execute(
-                select(func.count(), func.min(deliveries.c.created_at)).where(
-                    deliveries.c.sink == sink, deliveries.c.state.in_((PENDING, LEASED))
-                )
+            count, *firsts = conn.execute(
+                select(select(func.count()).select_from(depth).scalar_subquery(), *oldest)
             ).one()
-        return int(count), (float(oldest) if oldest is not None else None)
+        known = [float(value) for value in firsts if value is not None]
+        return int(count), (min(known) if known else None)
 
     def retrying(self) -> dict[str, tuple[int, str | None]]:
         """Per sink: pending rows that already failed at least once, and the most recent
