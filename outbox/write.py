@@ -193,7 +193,7 @@ class Writer:
             records = [record for ticket in group for record in ticket.records]
             accepted = self._transact(records, {}, min(ticket.deadline for ticket in group))
         except BaseException as exc:
-            for ticket in group:
+            for ticket in group or [own]:  # empty: interrupted before taking the queue
                 # Only the leader's own thread sees an interrupt (KeyboardInterrupt,
                 # SystemExit); the others' writes just did not commit, and fall back.
                 interrupted = ticket is not own and not isinstance(exc, Exception)
@@ -206,6 +206,8 @@ class Writer:
         finally:
             own.passed = True
             with self._queue_lock:
+                if own in self._waiting:  # interrupted before taking the queue
+                    self._waiting.remove(own)
                 self._pass_lead()
             for ticket in group:
                 if ticket.done is not None:
@@ -354,10 +356,11 @@ class Writer:
         record = item.record
         name = markdown_filename(record.timestamp, record.slug, collision_key=record.key)
         try:
-            with self._transaction(time.monotonic() + self.busy_timeout) as conn:
+            deadline = time.monotonic() + self.busy_timeout + WRITE_MARGIN_SECONDS
+            with self._transaction(deadline) as conn:
                 self.storage.rename_markdown(conn, record.key, name)
         except Exception as exc:  # the record stands; verify will name the file
-            log.warning("could not move a record off a taken file name (%s)", exc)
+            log.warning("could not move a record off a taken file name (%s)", type(exc).__name__)
             return item
         self._write_new(name, data)
         return replace(item, markdown_name=name)
