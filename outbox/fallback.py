@@ -30,12 +30,25 @@ INDEX_NAME = ".outbox-fallback.idx"
 UNAVAILABLE = (DBAPIError, sqlite3.Error, OSError, MirrorBusy)
 
 
+# What a database server that cannot be reached says (PostgreSQL through libpq).
+_UNREACHABLE = (
+    "connection refused",
+    "could not connect",
+    "could not translate host name",
+    "server closed the connection",
+    "connection to server",
+)
+_UNREACHABLE_CODES = (errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH)
+
+
 def failure_reason(exc: BaseException) -> str:
     """The front-matter ``reason`` for a database that could not take a write (pure)."""
     if isinstance(exc, MirrorBusy):
         return "db_busy"
     text = str(getattr(exc, "orig", None) or exc).lower()
     code = getattr(exc, "errno", None)
+    if any(sign in text for sign in _UNREACHABLE) or code in _UNREACHABLE_CODES:
+        return "db_unreachable"  # before "timeout": a connect timeout is not a busy lock
     if "locked" in text or "busy" in text or "timeout" in text:
         return "db_busy"
     if (

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -437,6 +438,23 @@ def test_corrupt_database_file(settings: Settings) -> None:
     # imports everything the fallback queue holds.
     db.rename(db.with_name("outbox.db.corrupt"))
     _assert_recovered(settings, [*(r.key for r in receipts), cli_key], total=3)
+
+
+def test_unreachable_postgresql_server(settings: Settings) -> None:
+    """Fault: nothing listens where the PostgreSQL URL points (a server that is down). The
+    writes fall back, with a reason that says so, within the bound."""
+    with socket.socket() as probe:  # a port that was free a moment ago: connection refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = replace(
+        settings, busy_timeout=BUSY, db_url=f"postgresql+psycopg://outbox@127.0.0.1:{port}/none"
+    )
+    started = time.monotonic()
+    receipts = _write_during(
+        settings, [CONTENT, "a second write to a server that is down"], "db_unreachable"
+    )
+    assert time.monotonic() - started <= 3 * (BUSY + MARGIN)  # open and two writes
+    assert [r.reason for r in receipts] == ["db_unreachable"] * 2
 
 
 # -- 3. both paths broken ----------------------------------------------------------------------
