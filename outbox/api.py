@@ -27,9 +27,10 @@ from outbox.mirror.verify import VerifyReport, verify
 from outbox.receipt import FALLBACK, Receipt, store_failed_text
 from outbox.record import DEFAULT_IMPORTANCE, Record, build_record
 from outbox.store import migrate
+from outbox.store.bounded import call_within
 from outbox.store.engine import make_engine
 from outbox.store.storage import STATES, Storage
-from outbox.write import Writer
+from outbox.write import WRITE_MARGIN_SECONDS, Writer
 
 if TYPE_CHECKING:
     from outbox.dispatch.dispatcher import DrainReport
@@ -98,9 +99,16 @@ class Outbox:
         return cls(settings, repair=repair)
 
     def _ensure_schema(self) -> None:
-        if not self._migrated:
+        """Migrate on first use; on PostgreSQL the check is cut off like a write when the
+        server does not answer (an upgrade that has started is left to finish)."""
+        if self._migrated:
+            return
+        if self.engine.dialect.name == "sqlite":
             migrate.upgrade(self.engine, self.reader)
-            self._migrated = True
+        else:
+            bound = self.settings.busy_timeout + WRITE_MARGIN_SECONDS
+            call_within(bound, lambda: migrate.upgrade(self.engine, self.reader), "schema check")
+        self._migrated = True
 
     # -- writing --------------------------------------------------------------------------
 

@@ -30,3 +30,8 @@ class StoreFailed(OutboxError):
 
 class MirrorBusy(OutboxError):
     """The mirror lock could not be taken within the write's time bound."""
+
+
+class DatabaseTimeout(OutboxError):
+    """The database server did not answer within the write's time bound (a server that
+    stopped answering: the driver itself would wait for its reply forever)."""

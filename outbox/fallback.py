@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sqlalchemy.exc import DBAPIError
 
-from outbox.errors import MirrorBusy
+from outbox.errors import DatabaseTimeout, MirrorBusy
 from outbox.mirror import markdown
 from outbox.record import Record
 from outbox.slugs import markdown_filename
@@ -27,7 +27,7 @@ INDEX_NAME = ".outbox-fallback.idx"
 
 # What makes a write go to the fallback file instead of failing. ``sqlite3.Error``: the SQLite
 # write path runs its statements on the raw driver connection, outside SQLAlchemy's wrapping.
-UNAVAILABLE = (DBAPIError, sqlite3.Error, OSError, MirrorBusy)
+UNAVAILABLE = (DBAPIError, sqlite3.Error, OSError, MirrorBusy, DatabaseTimeout)
 
 
 # What a database server that cannot be reached says (PostgreSQL through libpq).
@@ -45,6 +45,8 @@ def failure_reason(exc: BaseException) -> str:
     """The front-matter ``reason`` for a database that could not take a write (pure)."""
     if isinstance(exc, MirrorBusy):
         return "db_busy"
+    if isinstance(exc, DatabaseTimeout):
+        return "db_unreachable"
     text = str(getattr(exc, "orig", None) or exc).lower()
     code = getattr(exc, "errno", None)
     if any(sign in text for sign in _UNREACHABLE) or code in _UNREACHABLE_CODES:

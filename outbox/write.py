@@ -23,6 +23,7 @@ from outbox.mirror.lock import MirrorLock
 from outbox.receipt import QUEUED, STORED, Receipt
 from outbox.record import Record
 from outbox.slugs import markdown_filename
+from outbox.store.bounded import call_within
 from outbox.store.storage import DELIVERED, Storage
 from outbox.store.wakeup import notify
 
@@ -236,7 +237,19 @@ class Writer:
     def _transact(
         self, records: Sequence[Record], adopted: dict[str, str], deadline: float
     ) -> list[Accepted]:
-        """The transaction and the mirrors, all under the mirror lock."""
+        """The transaction and the mirrors, all under the mirror lock; on PostgreSQL cut off
+        at ``deadline`` if the server stops answering (``store/bounded.py``)."""
+        if self.storage.dialect == "sqlite":
+            return self._transact_here(records, adopted, deadline)
+        return call_within(
+            deadline - time.monotonic(),
+            lambda: self._transact_here(records, adopted, deadline),
+            "write",
+        )
+
+    def _transact_here(
+        self, records: Sequence[Record], adopted: dict[str, str], deadline: float
+    ) -> list[Accepted]:
         with self.lock.hold(deadline):
             now = time.time()
             with self._transaction(deadline) as conn:

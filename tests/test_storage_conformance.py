@@ -648,7 +648,8 @@ def test_postgres_trouble_falls_back_then_imports(
             holder.commit()
         holder.close()
         admin.dispose()
-    expected_reason = {"locked": "db_busy", "read_only": "readonly", "down": "unknown"}[trouble]
+    reasons = {"locked": "db_busy", "read_only": "readonly", "down": "db_unreachable"}
+    expected_reason = reasons[trouble]
     assert (receipt.status, receipt.reason) == ("fallback", expected_reason)
     assert receipt.markdown_path.is_file()
     with Outbox.open(healthy) as recovered:
