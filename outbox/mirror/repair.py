@@ -60,8 +60,13 @@ def delivery_updates(
     updates = {name: state[name] for name in ("chunk_id", "sinks", "key") if name in state}
     if "sink_ids" in state:
         updates["sink_ids"] = state["sink_ids"]
-    updates["retry_attempted"] = bool(current.get("retry_attempted")) or bool(
-        state["retry_attempted"]
+    # A seed-000 file (no per-sink state yet, not one of our own fallback files) was written
+    # because its store failed: delivering it from the queue is the retry it records.
+    legacy = "sinks" not in current and not current.get("outbox_fallback")
+    updates["retry_attempted"] = (
+        bool(current.get("retry_attempted"))
+        or bool(state["retry_attempted"])
+        or (legacy and any(row.attempts > 0 for row in rows))
     )
     if any(row.error_class for row in rows):
         updates["reason"] = state["reason"]
