@@ -19,7 +19,7 @@ from sqlalchemy import Connection
 from outbox.config import Settings, load_settings
 from outbox.errors import StoreFailed
 from outbox.fallback import UNAVAILABLE, FallbackQueue, failure_reason
-from outbox.mirror import markdown
+from outbox.folders import ensure_private_dir
 from outbox.mirror.jsonl import JsonlLog
 from outbox.mirror.lock import MirrorLock
 from outbox.mirror.repair import MirrorSync, RepairReport
@@ -93,7 +93,7 @@ class Outbox:
         if settings is None:
             settings = load_settings(**overrides)
         try:
-            markdown.ensure_dir(settings.home)
+            ensure_private_dir(settings.home)
         except OSError as exc:
             log.warning("cannot create %s (%s)", settings.home, exc.strerror)
         return cls(settings, repair=repair)

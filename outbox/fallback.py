@@ -19,6 +19,7 @@ from pathlib import Path
 from sqlalchemy.exc import DBAPIError
 
 from outbox.errors import DatabaseTimeout, MirrorBusy
+from outbox.folders import ensure_private_dir
 from outbox.mirror import markdown
 from outbox.record import Record
 from outbox.slugs import markdown_filename
@@ -93,7 +94,7 @@ class FallbackQueue:
 
     def write(self, record: Record, reason: str) -> tuple[Path, bool]:
         """Durably write the record's fallback file; returns (path, already there)."""
-        markdown.ensure_dir(self.folder)
+        ensure_private_dir(self.folder)
         data = markdown.render(self._front_matter(record, reason), record.content)
         for collision in (None, record.key):
             path = self.folder / markdown_filename(record.timestamp, record.slug, collision)

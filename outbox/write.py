@@ -17,6 +17,7 @@ from pathlib import Path
 from sqlalchemy import Connection
 
 from outbox.errors import MirrorBusy
+from outbox.folders import ensure_private_dir
 from outbox.mirror import markdown
 from outbox.mirror.jsonl import JsonlLog, accepted_event
 from outbox.mirror.lock import MirrorLock
@@ -347,13 +348,13 @@ class Writer:
 
     def _write_new(self, name: str, data: bytes) -> bool:
         if not self._folder_ready:
-            markdown.ensure_dir(self.markdown_dir)
+            ensure_private_dir(self.markdown_dir)
             self._folder_ready = True
         path = os.path.join(self._markdown_folder, name)
         try:
             return markdown.write_new(path, data)
         except FileNotFoundError:  # the folder was removed since: make it again
-            markdown.ensure_dir(self.markdown_dir)
+            ensure_private_dir(self.markdown_dir)
             return markdown.write_new(path, data)
 
     def _create_markdown(self, item: Accepted) -> Accepted:

@@ -195,6 +195,25 @@ def test_files_are_owner_only_and_created_folders_0700(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("no_umask")
+def test_log_lock_and_database_folders_outside_home_are_0700_too(tmp_path: Path) -> None:
+    """The JSONL log (and its lock) and the database may live in new folder trees of their
+    own; every folder the library creates for them is owner-only, parents included."""
+    settings = load_settings(
+        env={},
+        home=tmp_path / "home",
+        jsonl_path=tmp_path / "logs" / "outbox" / "outbox.jsonl",
+        db_url=f"sqlite:///{tmp_path / 'data' / 'db' / 'outbox.db'}",
+        markdown_dir=tmp_path / "md",
+        sinks=FAULTY,
+    )
+    with Outbox.open(settings) as ob:
+        ob.add("a memory whose log and database live elsewhere", timestamp=TS)
+    for folder in ("logs", "logs/outbox", "data", "data/db"):
+        assert mode(tmp_path / folder) == 0o700, folder
+    assert mode(settings.jsonl_path) == 0o600
+
+
+@pytest.mark.usefixtures("no_umask")
 def test_an_existing_folder_keeps_its_mode(tmp_path: Path) -> None:
     folder = tmp_path / "shared-notes"
     folder.mkdir(mode=0o755)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from outbox.folders import ensure_private_dir
+
 GENESIS = "0" * 64
 _TAIL_CHUNK = 65_536
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # built once, not per line
@@ -71,7 +73,7 @@ class JsonlLog:
         if self._fd is not None and (current is None or current.st_ino != self._inode):
             self.close()
         if self._fd is None or current is None:
-            self.path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+            ensure_private_dir(self.path.parent)
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
             self._cached = None
             current = os.fstat(self._fd)

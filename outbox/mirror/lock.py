@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from outbox.errors import MirrorBusy
+from outbox.folders import ensure_private_dir
 
 
 class MirrorLock:
@@ -28,7 +29,7 @@ class MirrorLock:
 
     def _open(self) -> int:
         if self._fd is None:
-            self.path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+            ensure_private_dir(self.path.parent)
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         return self._fd
 

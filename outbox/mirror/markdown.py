@@ -173,19 +173,6 @@ def parse(data: bytes) -> tuple[dict[str, Any], bytes]:
     return loaded, data[end + 1 :]
 
 
-def ensure_dir(folder: Path) -> None:
-    """Create the folder and every missing parent owner-only when the library creates them
-    (``mkdir(parents=True)`` gives the parents the umask's mode, not the one asked for)."""
-    if folder.is_dir():
-        return
-    missing = [folder]
-    while not missing[-1].parent.exists() and missing[-1].parent != missing[-1]:
-        missing.append(missing[-1].parent)
-    for path in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            path.mkdir(mode=0o700)
-
-
 def _fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:

@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from outbox.folders import ensure_private_dir
 from outbox.mirror import markdown
 from outbox.mirror.jsonl import JsonlLog, accepted_event
 from outbox.record import Record
@@ -168,7 +169,7 @@ class MirrorSync:
                     ]
                 )
                 report.lines_appended += len(missing)
-            markdown.ensure_dir(self.markdown_dir)
+            ensure_private_dir(self.markdown_dir)
             for item in batch:
                 path = self.markdown_dir / item.markdown_name
                 rows = deliveries.get(item.record.key, [])
@@ -239,7 +240,7 @@ class MirrorSync:
             try:
                 current, body = markdown.read(path)
             except FileNotFoundError:
-                markdown.ensure_dir(self.markdown_dir)
+                ensure_private_dir(self.markdown_dir)
                 markdown.write_new(path, markdown.render(matter, item.record.content))
                 report.files_written += 1
                 continue

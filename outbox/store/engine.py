@@ -17,6 +17,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
 from outbox.config import Settings
+from outbox.folders import ensure_private_dir
 
 
 def sqlite_path(db_url: str) -> Path | None:
@@ -30,7 +31,7 @@ def sqlite_path(db_url: str) -> Path | None:
 def _prepare_sqlite_file(path: Path) -> None:
     """Create the folder owner-only and the file 0600 before SQLite creates it world-readable."""
     if not path.parent.exists():
-        path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+        ensure_private_dir(path.parent)
     if not path.exists():
         fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
         os.close(fd)
