@@ -363,6 +363,27 @@ def test_a_log_that_lost_its_tail_and_grew_again_is_rescanned(settings: Settings
         assert check.ok, check.problems
 
 
+def test_a_log_that_lost_its_tail_and_grew_back_to_the_same_length_is_rescanned(
+    settings: Settings,
+) -> None:
+    """The lost line and the one written after the power loss have the same length, so the
+    remembered offset falls exactly on a line boundary again: only the hash of the line
+    that ended there tells the logs apart."""
+    with open_outbox(settings) as ob:
+        first = ob.add("the first memory", timestamp=TS)
+        lost = ob.add("the memory whose line the disk lost", timestamp=TS)
+    open_outbox(settings).close()  # the watermark now points at the end of both lines
+    log = settings.jsonl_path.read_bytes()
+    settings.jsonl_path.write_bytes(log[: log.index(b"\n") + 1])
+    with Outbox.open(settings, repair=False) as ob:
+        grown = ob.add("the memory whose line the disk LOST", timestamp=TS)
+    assert settings.jsonl_path.stat().st_size == len(log)  # the same length as before
+    with open_outbox(settings) as ob:
+        assert sorted(accepted_keys(ob)) == sorted([first.key, lost.key, grown.key])
+        check = ob.verify()
+        assert check.ok, check.problems
+
+
 def test_two_threads_writing_one_name_atomically_never_share_a_temp_file(tmp_path: Path) -> None:
     """Two fallback writes of the same name at once: one file, whole, from one writer."""
     datas = [b"---\nkey: first\n---\n" + b"a" * 50_000, b"---\nkey: second\n---\n" + b"b" * 50_000]

@@ -436,13 +436,13 @@ def test_counts_and_oldest_pending(storage: Storage) -> None:
 
 
 def test_mirror_watermark_round_trip(storage: Storage) -> None:
-    assert storage.mirror_watermark("host-a") == (0, 0)
-    storage.set_mirror_watermark("host-a", 5, 1234)
-    assert storage.mirror_watermark("host-a") == (5, 1234)
-    big = (2**40, 2**33 + 7)  # past 32 bits: BIGINT on PostgreSQL
+    assert storage.mirror_watermark("host-a") == (0, 0, None)
+    storage.set_mirror_watermark("host-a", 5, 1234, "ab" * 32)
+    assert storage.mirror_watermark("host-a") == (5, 1234, "ab" * 32)
+    big = (2**40, 2**33 + 7, None)  # past 32 bits: BIGINT on PostgreSQL
     storage.set_mirror_watermark("host-a", *big)
     assert storage.mirror_watermark("host-a") == big
-    assert storage.mirror_watermark("host-b") == (0, 0)
+    assert storage.mirror_watermark("host-b") == (0, 0, None)
 
 
 # -- concurrency ------------------------------------------------------------------------------

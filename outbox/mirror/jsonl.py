@@ -133,10 +133,11 @@ class JsonlLog:
             raise
         self._cached = (size + len(data), prev)
 
-    def continues_at(self, offset: int) -> bool:
+    def continues_at(self, offset: int, expected_hash: str | None = None) -> bool:
         """Whether the chain runs unbroken through ``offset``: a line boundary whose next line
-        (if any) names the hash of the line before it. A remembered offset that fails this
-        points into a log that lost its tail and was written to again since."""
+        (if any) names the hash of the line before it, and that line is the one remembered
+        (``expected_hash``, when known). A remembered offset that fails this points into a log
+        that lost its tail and was written to again since."""
         if offset == 0:
             return True
         try:
@@ -150,6 +151,8 @@ class JsonlLog:
             before = line_hash(os.pread(fd, offset - 1 - start, start))
         finally:
             os.close(fd)
+        if expected_hash is not None and before != expected_hash:
+            return False
         following = next(self.lines(offset), None)
         return following is None or following.event.get("prev") == before
 
@@ -164,6 +167,12 @@ class JsonlLog:
             os.close(fd)
         self._cached = (size, last)
         return size
+
+    def end(self) -> tuple[int, str | None]:
+        """(size, hash of the last line; None when the log is empty or missing)."""
+        size = self.repair_tail()
+        assert self._cached is not None or size == 0
+        return size, (self._cached[1] if self._cached and size else None)
 
     def size(self) -> int:
         try:

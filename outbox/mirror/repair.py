@@ -136,8 +136,8 @@ class MirrorSync:
         before = self.jsonl.size()
         size = self.jsonl.repair_tail()
         report.torn_bytes_cut = before - size
-        seq, offset = self.storage.mirror_watermark(self.mirror_id)
-        if full or not self.jsonl.continues_at(offset):
+        seq, offset, remembered = self.storage.mirror_watermark(self.mirror_id)
+        if full or not self.jsonl.continues_at(offset, remembered):
             # The log lost its tail (power loss) or was replaced, maybe written to since:
             # reading on from the old offset would miss lines, so rescan it all.
             seq, offset = 0, 0
@@ -187,9 +187,9 @@ class MirrorSync:
                 report.files_written += 1
             last_seq = batch[-1].seq
         self.sync_deliveries(events, report)
-        size = self.jsonl.size()
-        if (last_seq, size) != (seq, offset):  # no write at all when nothing happened
-            self.storage.set_mirror_watermark(self.mirror_id, last_seq, size)
+        size, last_line = self.jsonl.end()
+        if (last_seq, size, last_line) != (seq, offset, remembered):  # no write when idle
+            self.storage.set_mirror_watermark(self.mirror_id, last_seq, size, last_line)
         return report
 
     def sync_deliveries(

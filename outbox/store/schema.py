@@ -23,7 +23,7 @@ from sqlalchemy import (
 )
 
 # Bumped with every migration; opening compares it to alembic_version before loading Alembic.
-SCHEMA_REVISION = "0003"
+SCHEMA_REVISION = "0004"
 
 metadata = MetaData()
 
@@ -122,6 +122,9 @@ mirror_state = Table(
     Column("record_seq", BigInteger, nullable=False),
     Column("jsonl_offset", BigInteger, nullable=False),
     Column("updated_at", Float, nullable=False),
+    # SHA-256 of the line ending at jsonl_offset: tells a log that lost its tail and grew
+    # back to the same length from the one the watermark was taken on.
+    Column("line_hash", String(64)),
 )
 
 FRONTIER_NODE_ID = "frontier"

@@ -11,7 +11,7 @@ import json
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Engine, and_, bindparam, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -39,6 +39,15 @@ class StoredRecord:
     markdown_name: str
     origin: str
     created_at: float
+
+
+class Watermark(NamedTuple):
+    """How far the mirror repair got: the last record seq, the JSONL offset, and the hash of
+    the line that ends at that offset (None before migration 0004 or for an empty log)."""
+
+    record_seq: int
+    offset: int
+    line_hash: str | None
 
 
 @dataclass(frozen=True)
@@ -585,24 +594,30 @@ class Storage:
 
     # -- mirrors --------------------------------------------------------------------------
 
-    def mirror_watermark(self, mirror_id: str) -> tuple[int, int]:
+    def mirror_watermark(self, mirror_id: str) -> Watermark:
+        """Where the last repair of ``mirror_id``'s mirrors got to (all zero: never ran)."""
         with self.reader.connect() as conn:
             row = conn.execute(
-                select(mirror_state.c.record_seq, mirror_state.c.jsonl_offset).where(
-                    mirror_state.c.mirror_id == mirror_id
-                )
+                select(
+                    mirror_state.c.record_seq, mirror_state.c.jsonl_offset, mirror_state.c.line_hash
+                ).where(mirror_state.c.mirror_id == mirror_id)
             ).first()
-        return (int(row.record_seq), int(row.jsonl_offset)) if row else (0, 0)
+        if row is None:
+            return Watermark(0, 0, None)
+        return Watermark(int(row.record_seq), int(row.jsonl_offset), row.line_hash)
 
-    def set_mirror_watermark(self, mirror_id: str, record_seq: int, offset: int) -> None:
+    def set_mirror_watermark(
+        self, mirror_id: str, record_seq: int, offset: int, line_hash: str | None = None
+    ) -> None:
         now = time.time()
-        statement = self._insert(mirror_state).values(
-            mirror_id=mirror_id, record_seq=record_seq, jsonl_offset=offset, updated_at=now
-        )
-        statement = statement.on_conflict_do_update(
-            index_elements=["mirror_id"],
-            set_={"record_seq": record_seq, "jsonl_offset": offset, "updated_at": now},
-        )
+        values = {
+            "record_seq": record_seq,
+            "jsonl_offset": offset,
+            "line_hash": line_hash,
+            "updated_at": now,
+        }
+        statement = self._insert(mirror_state).values(mirror_id=mirror_id, **values)
+        statement = statement.on_conflict_do_update(index_elements=["mirror_id"], set_=values)
         with self.engine.begin() as conn:
             conn.execute(statement)
 
