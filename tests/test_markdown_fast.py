@@ -84,6 +84,18 @@ def test_built_front_matter_is_the_dumpers_byte_for_byte(matter: dict[str, Any])
         assert built == dumped(matter)
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.from_regex(r"[0-9a-f]{64}", fullmatch=True) | st.from_regex(r"[0-9b]{64}", fullmatch=True),
+    st.datetimes(timezones=st.none()).map(lambda at: at.isoformat(timespec="microseconds") + "Z"),
+)
+def test_keys_and_timestamps_are_written_as_the_dumper_writes_them(key: str, ts: str) -> None:
+    """The two shortcuts for every record's own strings (no resolver), including keys that
+    are all digits or look like binary numbers, which must still take the long way."""
+    matter = {"key": key, "timestamp": ts, "tags": [key, ts], "sinks": {key: ts}}
+    assert markdown._simple_front_matter(matter) == dumped(matter)
+
+
 def test_a_records_front_matter_takes_the_direct_path() -> None:
     record = build_record("a memory", tags=["decision", "storage"], importance=7)
     matter = markdown.front_matter(

@@ -88,9 +88,26 @@ _STR_TAG = "tag:yaml.org,2002:str"
 _MAX_SIMPLE_KEY = 127  # PyYAML writes longer mapping keys in the explicit "? key" form
 
 
-@functools.lru_cache(maxsize=4096)  # key names, sink names, states and tags recur
+# Every record's own unique strings, settled without the resolver (and kept out of the cache,
+# which they would flush): a canonical timestamp reads back as a timestamp, so it is quoted;
+# a 64-hex key holding a, c, d, e or f can be no number (YAML's ints need digits only, or 0b
+# and binary digits), so it is plain. tests/test_markdown_fast.py checks both against the dumper.
+_CANONICAL_TS = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z")
+_HEX_KEY = re.compile(r"[0-9a-f]{64}")
+_NOT_A_NUMBER = re.compile(r"[acdef]")
+
+
 def _scalar(text: str, *, flow: bool) -> str | None:
     """``text`` as PyYAML's emitter writes it, or None when it is not a simple string."""
+    if _CANONICAL_TS.fullmatch(text):
+        return f"'{text}'"
+    if _HEX_KEY.fullmatch(text) and _NOT_A_NUMBER.search(text):
+        return text
+    return _recurring_scalar(text, flow=flow)
+
+
+@functools.lru_cache(maxsize=4096)  # key names, sink names, states and tags recur
+def _recurring_scalar(text: str, *, flow: bool) -> str | None:
     if not _SIMPLE.fullmatch(text):
         return None
     reads_back = _RESOLVER.resolve(yaml.ScalarNode, text, (True, False)) == _STR_TAG

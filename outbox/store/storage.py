@@ -321,7 +321,7 @@ class Storage:
                     "content": record.content,
                     "importance": record.importance,
                     "tags": json.dumps(list(record.tags)),
-                    "meta": json.dumps(meta),
+                    "meta": json.dumps(meta) if meta else "{}",
                     "slug": record.slug,
                     "markdown_name": markdown_name,
                     "origin": origin,
@@ -339,7 +339,7 @@ class Storage:
         node["properties"] = json.dumps(node["properties"])
         cursor.execute(fast["node"].sql, fast["node"].args(node))
         edge = _edge_row(record)
-        edge["properties"] = json.dumps(edge["properties"])
+        edge["properties"] = json.dumps(edge["properties"]) if edge["properties"] else "{}"
         cursor.execute(fast["edge"].sql, fast["edge"].args(edge))
         if sinks:
             delivery = fast["delivery"]
