@@ -245,7 +245,8 @@ class Writer:
         if self.storage.dialect == "sqlite":
             return self._transact_here(records, adopted, deadline)
         return call_within(
-            deadline - time.monotonic(),
+            # A group that queued to the edge of its bound still gets a moment to commit.
+            max(deadline - time.monotonic(), BOUND_TOLERANCE_SECONDS),
             lambda: self._transact_here(records, adopted, deadline),
             "write",
         )
