@@ -192,6 +192,8 @@ def test_an_interrupted_leader_sends_the_others_to_the_fallback_and_hands_on(ob:
 
 
 def test_a_caller_interrupted_after_being_handed_the_lead_hands_it_on(ob: Outbox) -> None:
+    """Otherwise the lead sat with a caller that had gone, and every later write in the
+    process waited out its bound and fell back."""
     gate = Gate(ob, queued(ob, 2))
     original = ob.writer._wait_turn
     interrupted: list[BaseException] = []
