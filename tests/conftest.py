@@ -44,4 +44,4 @@ def outbox(settings: Settings) -> Iterator[Outbox]:
 # ---- PostgreSQL (owned by tests/pg.py) -------------------------------------------------------
 # A fresh database per test (`pg_url`), and under OUTBOX_REQUIRE_PG=1 (CI) a skipped
 # `postgres`-marked test fails. Imported here so every test module can use them.
-from tests.pg import pg_url, pytest_runtest_makereport  # noqa: E402, F401
+from tests.pg import either_backend, pg_url, pytest_runtest_makereport  # noqa: E402, F401

@@ -17,11 +17,14 @@ import contextlib
 import os
 import uuid
 from collections.abc import Generator, Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
+
+from outbox import Outbox, load_settings
 
 PG_URL_ENV = "OUTBOX_TEST_PG_URL"
 REQUIRE_ENV = "OUTBOX_REQUIRE_PG"
@@ -82,6 +85,37 @@ def pg_url() -> Iterator[str]:
     """URL of a fresh, empty PostgreSQL database for this test alone."""
     with fresh_database() as url:
         yield url
+
+
+NOOP_SINK = "outbox.testing.sinks:NoopSink"
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),
+    ]
+)
+def either_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Outbox]:
+    """An outbox delivering to the no-op sink, on SQLite, then on a fresh PostgreSQL database:
+    for tests of one query that must behave alike on both."""
+
+    def opened(url: str) -> Outbox:
+        settings = load_settings(
+            env={},
+            db_url=url,
+            home=tmp_path / ".outbox",
+            markdown_dir=tmp_path / "md",
+            sinks=NOOP_SINK,
+        )
+        return Outbox.open(settings)
+
+    if request.param == "sqlite":
+        with opened(f"sqlite:///{tmp_path / 'outbox.db'}") as ob:
+            yield ob
+        return
+    with fresh_database() as url, opened(url) as ob:
+        yield ob
 
 
 @pytest.hookimpl(wrapper=True)

@@ -10,40 +10,22 @@ lookup does not grow with the backlog.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import event, text
 
-from outbox import Outbox, load_settings
+from outbox import Outbox
 from outbox.record import build_record
 from outbox.store import recall
-from tests.pg import fresh_database
+from tests.pg import NOOP_SINK
 
-SINK = "outbox.testing.sinks:NoopSink"
+SINK = NOOP_SINK
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("sqlite", id="sqlite"),
-        pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),
-    ]
-)
-def outbox(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Outbox]:
-    def opened(url: str) -> Outbox:
-        settings = load_settings(
-            env={}, db_url=url, home=tmp_path / ".outbox", markdown_dir=tmp_path / "md", sinks=SINK
-        )
-        return Outbox.open(settings)
-
-    if request.param == "sqlite":
-        with opened(f"sqlite:///{tmp_path / 'outbox.db'}") as ob:
-            yield ob
-        return
-    with fresh_database() as url, opened(url) as ob:
-        yield ob
+@pytest.fixture
+def outbox(either_backend: Outbox) -> Outbox:
+    return either_backend
 
 
 def _seed(ob: Outbox, contents: list[str], session_id: str | None = None) -> list[str]:
@@ -145,7 +127,7 @@ def _steps(ob: Outbox, query: str, budget: int) -> int:
     return counted[0]
 
 
-@pytest.mark.parametrize("outbox", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("either_backend", ["sqlite"], indirect=True)
 @pytest.mark.parametrize(
     "query", ["w3 w5 w8 w13 entry", "heron w3", "every w3 heron", "heron entry 17"]
 )

@@ -9,7 +9,6 @@ first, and on SQLite walks the partial index of pending rows instead of every re
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,30 +19,14 @@ from outbox import Outbox, load_settings
 from outbox.record import build_record
 from outbox.store.schema import deliveries, records
 from outbox.store.storage import DELIVERED, LEASED, Storage
-from tests.pg import fresh_database
+from tests.pg import NOOP_SINK
 
-SINK = "outbox.testing.sinks:NoopSink"
+SINK = NOOP_SINK
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("sqlite", id="sqlite"),
-        pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),
-    ]
-)
-def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Storage]:
-    def opened(url: str) -> Outbox:
-        settings = load_settings(
-            env={}, db_url=url, home=tmp_path / ".outbox", markdown_dir=tmp_path / "md", sinks=SINK
-        )
-        return Outbox.open(settings)
-
-    if request.param == "sqlite":
-        with opened(f"sqlite:///{tmp_path / 'outbox.db'}") as ob:
-            yield ob.storage
-        return
-    with fresh_database() as url, opened(url) as ob:
-        yield ob.storage
+@pytest.fixture
+def storage(either_backend: Outbox) -> Storage:
+    return either_backend.storage
 
 
 def _seed(storage: Storage, count: int, now: float, origin: str = "t") -> None:
