@@ -345,30 +345,18 @@ def test_repair_leaves_a_file_the_user_edited(settings: Settings) -> None:
         assert any("differs from the stored content" in p for p in report.problems)
 
 
-def test_a_log_that_lost_its_tail_and_grew_again_is_rescanned(settings: Settings) -> None:
-    """Power loss took lines the last repair had seen, then a writer that skips repair
-    appended past the remembered offset: the next repair must neither miss nor repeat."""
-    with open_outbox(settings) as ob:
-        first = ob.add("the first memory", timestamp=TS)
-        lost = ob.add("the memory whose line the disk lost", timestamp=TS)
-    open_outbox(settings).close()  # the watermark now points at the end of both lines
-    log = settings.jsonl_path.read_bytes()
-    settings.jsonl_path.write_bytes(log[: log.index(b"\n") + 1])
-    with Outbox.open(settings, repair=False) as ob:
-        grown = ob.add("a much longer memory " * 40, timestamp=TS)
-    assert settings.jsonl_path.stat().st_size > len(log)
-    with open_outbox(settings) as ob:
-        assert sorted(accepted_keys(ob)) == sorted([first.key, lost.key, grown.key])
-        check = ob.verify()
-        assert check.ok, check.problems
-
-
-def test_a_log_that_lost_its_tail_and_grew_back_to_the_same_length_is_rescanned(
-    settings: Settings,
+@pytest.mark.parametrize(
+    ("regrown", "same_length"),
+    [("a much longer memory " * 40, False), ("the memory whose line the disk LOST", True)],
+    ids=["past-the-offset", "to-the-same-length"],
+)
+def test_a_log_that_lost_its_tail_and_grew_again_is_rescanned(
+    settings: Settings, regrown: str, same_length: bool
 ) -> None:
-    """The lost line and the one written after the power loss have the same length, so the
-    remembered offset falls exactly on a line boundary again: only the hash of the line
-    that ended there tells the logs apart."""
+    """Power loss took lines the last repair had seen, then a writer that skips repair
+    appended again: the next repair must neither miss nor repeat. When the new line has the
+    lost one's length, the remembered offset falls exactly on a line boundary again, and
+    only the hash of the line that ended there tells the logs apart."""
     with open_outbox(settings) as ob:
         first = ob.add("the first memory", timestamp=TS)
         lost = ob.add("the memory whose line the disk lost", timestamp=TS)
@@ -376,8 +364,9 @@ def test_a_log_that_lost_its_tail_and_grew_back_to_the_same_length_is_rescanned(
     log = settings.jsonl_path.read_bytes()
     settings.jsonl_path.write_bytes(log[: log.index(b"\n") + 1])
     with Outbox.open(settings, repair=False) as ob:
-        grown = ob.add("the memory whose line the disk LOST", timestamp=TS)
-    assert settings.jsonl_path.stat().st_size == len(log)  # the same length as before
+        grown = ob.add(regrown, timestamp=TS)
+    size = settings.jsonl_path.stat().st_size
+    assert size == len(log) if same_length else size > len(log)
     with open_outbox(settings) as ob:
         assert sorted(accepted_keys(ob)) == sorted([first.key, lost.key, grown.key])
         check = ob.verify()
