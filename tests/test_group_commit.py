@@ -57,12 +57,19 @@ def wait_until(condition: Callable[[], bool]) -> None:
         time.sleep(0.001)
 
 
-def add_in_threads(ob: Outbox, calls: list[dict[str, Any]]) -> list[Receipt]:
-    """The first call starts alone; the others once it leads (inside its transaction)."""
+def run_in_threads(
+    ob: Outbox, calls: list[dict[str, Any]]
+) -> tuple[dict[int, Receipt], dict[int, BaseException]]:
+    """The first call starts alone; the others once it leads (inside its transaction).
+    Returns each call's receipt, or what it raised (an interrupt, in some tests)."""
     receipts: dict[int, Receipt] = {}
+    raised: dict[int, BaseException] = {}
 
     def work(number: int) -> None:
-        receipts[number] = ob.add(**calls[number])
+        try:
+            receipts[number] = ob.add(**calls[number])
+        except BaseException as exc:
+            raised[number] = exc
 
     threads = [threading.Thread(target=work, args=(n,)) for n in range(len(calls))]
     threads[0].start()
@@ -71,6 +78,13 @@ def add_in_threads(ob: Outbox, calls: list[dict[str, Any]]) -> list[Receipt]:
         thread.start()
     for thread in threads:
         thread.join(30)
+    return receipts, raised
+
+
+def add_in_threads(ob: Outbox, calls: list[dict[str, Any]]) -> list[Receipt]:
+    """``run_in_threads`` where no call may raise; receipts in call order."""
+    receipts, raised = run_in_threads(ob, calls)
+    assert not raised, raised
     return [receipts[n] for n in range(len(calls))]
 
 
@@ -156,8 +170,6 @@ def test_a_writer_queued_past_its_time_bound_falls_back_in_time(settings: Settin
 def test_an_interrupted_leader_sends_the_others_to_the_fallback_and_hands_on(ob: Outbox) -> None:
     """KeyboardInterrupt in the thread leading a group is that thread's alone: the others
     in its group fall back (nothing lost), and the next write in the process still commits."""
-    raised: dict[int, BaseException] = {}
-    receipts: dict[int, Receipt] = {}
 
     class Interrupting(Gate):
         def _on_commit(self, conn: Any) -> None:
@@ -168,20 +180,8 @@ def test_an_interrupted_leader_sends_the_others_to_the_fallback_and_hands_on(ob:
                 raise KeyboardInterrupt
 
     Interrupting(ob, queued(ob, 3))
-
-    def work(number: int) -> None:
-        try:
-            receipts[number] = ob.add(f"memory {number} written while someone hits Ctrl-C")
-        except BaseException as exc:  # the interrupt is what is tested
-            raised[number] = exc
-
-    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
-    threads[0].start()
-    wait_until(lambda: ob.writer._leading)
-    for thread in threads[1:]:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    calls = [{"content": f"memory {n} written while someone hits Ctrl-C"} for n in range(4)]
+    receipts, raised = run_in_threads(ob, calls)
 
     assert len(raised) == 1 and isinstance(next(iter(raised.values())), KeyboardInterrupt)
     assert receipts[0].status == QUEUED
