@@ -57,10 +57,10 @@ def measure(calls: int, backlog: int, folder: Path) -> dict[str, Any]:
         stderr=subprocess.DEVNULL,
     )
     try:
-        while service.outbox.storage.counts()["chroma"]["delivered"] < 64:
+        while service.outbox.storage.deliveries.counts()["chroma"]["delivered"] < 64:
             time.sleep(0.05)  # the backfill is under way
         busy = summarize(*time_calls(turn, calls, start=calls, pace=PACE))
-        left = service.outbox.storage.counts()["chroma"]["pending"]
+        left = service.outbox.storage.deliveries.counts()["chroma"]["pending"]
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)

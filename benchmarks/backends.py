@@ -98,7 +98,7 @@ def bench_claim_settle(settings: Settings, rows: int, batch: int) -> dict[str, f
         with storage.engine.begin() as conn:
             for number in range(rows):
                 record = build_record(f"claim benchmark row {number}")
-                storage.insert_record(
+                storage.records.insert_record(
                     conn,
                     record,
                     sinks=(SINK,),
@@ -111,11 +111,11 @@ def bench_claim_settle(settings: Settings, rows: int, batch: int) -> dict[str, f
         started = time.perf_counter()
         while True:
             tick = time.perf_counter()
-            claims = storage.claim(SINK, "bench", batch, 60.0)
+            claims = storage.deliveries.claim(SINK, "bench", batch, 60.0)
             if not claims:
                 break
             delivered = [(claim.delivery_id, f"id-{claim.delivery_id}") for claim in claims]
-            settled, _ = storage.settle("bench", delivered, [])
+            settled, _ = storage.deliveries.settle("bench", delivered, [])
             done += len(settled)
             batches.append((time.perf_counter() - tick) * 1000.0)
         elapsed = time.perf_counter() - started

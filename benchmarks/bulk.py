@@ -1,46 +1,34 @@
-"""Build big outboxes fast: the rows ``Outbox.add`` would write, inserted in bulk.
+"""Build big outboxes fast: the records ``Outbox.add`` would write, without the rest of a write.
 
 A million ``add`` calls would take most of an hour and leave a million markdown files; the
-scale benchmark only needs the database to hold that many rows. So each record gets exactly
-the rows a write makes (record, FTS entry, graph node, frontier edge, one delivery per sink,
-same columns, same JSON encodings, same key formula) through ``executemany`` in transactions
-of ``chunk`` records, with ``synchronous=OFF`` while building. The rows carry their own
-``origin``, so the outbox's mirror repair (which works per origin) leaves them alone.
+scale benchmark only needs the database to hold that many records. So each record is built by
+the library (``build_record``: the same key, timestamp and slug as ``add``) and inserted by
+the storage's own insert (record, FTS entry, graph node, frontier edge, one delivery per
+sink), ``chunk`` records per transaction, with ``synchronous=OFF`` while building and no
+mirrors. The rows carry their own ``origin``, so the outbox's mirror repair (which works per
+origin) leaves them alone.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import contextlib
 import random
 import sqlite3
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
 
 from benchmarks.common import memory_text
-from outbox.keys import format_instant
-from outbox.slugs import derive_slug, markdown_filename
+from outbox import load_settings
+from outbox.record import build_record
+from outbox.slugs import markdown_filename
+from outbox.store.engine import make_engine
+from outbox.store.storage import Storage
 
 BULK_ORIGIN = "bulk"
-
-_RECORD = (
-    "INSERT INTO records (key, ts, content, importance, tags, meta, slug, markdown_name,"
-    " origin, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)"
-)
-_FTS = "INSERT INTO records_fts (rowid, content) SELECT seq, content FROM records WHERE seq > ?"
-_NODE = (
-    "INSERT INTO graph_nodes (id, label, session_id, agent, ts, properties)"
-    " VALUES (?, 'AGENT_MEMORY', NULL, NULL, ?, ?)"
-)
-_EDGE = (
-    "INSERT INTO graph_edges (source, target, type, weight, properties)"
-    " VALUES ('frontier', ?, 'SPAWNED_MEMORY', 0.8, '{}')"
-)
-_DELIVERY = (
-    "INSERT INTO deliveries (record_key, sink, state, attempts, available_at, mirror_pending,"
-    " created_at, updated_at) VALUES (?, ?, 'pending', 0, ?, 0, ?, ?)"
-)
 
 
 def bulk_insert(
@@ -59,54 +47,31 @@ def bulk_insert(
     """
     rng = random.Random(seed + start)
     began = time.perf_counter()
-    conn = sqlite3.connect(db_path, isolation_level=None)
+    engine = make_engine(load_settings(env={}, db_url=f"sqlite:///{db_path}", home=db_path.parent))
+    # No fsync while building: after the library's own connection settings, which it runs first.
+    event.listen(engine, "connect", _synchronous_off)
+    records = Storage(engine).records
+    base = time.time() - 3600.0  # due an hour ago: claimable at once
     try:
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=OFF")
-        base = time.time() - 3600.0  # due an hour ago: claimable at once
         for offset in range(0, count, chunk):
-            rows = []
-            for number in range(start + offset, start + min(count, offset + chunk)):
-                content = memory_text(number, rng, size)
-                ts = format_instant(datetime.fromtimestamp(base + number * 1e-3, UTC))
-                key = hashlib.sha256(content.encode() + b"\n" + ts.encode()).hexdigest()
-                rows.append((content, ts, key))
-            conn.execute("BEGIN IMMEDIATE")
-            (last_seq,) = conn.execute("SELECT coalesce(max(seq), 0) FROM records").fetchone()
-            record_rows, node_rows, edge_rows, delivery_rows = [], [], [], []
-            for content, ts, key in rows:
-                slug = derive_slug(content)
-                now = base
-                record_rows.append(
-                    (
-                        key,
-                        ts,
-                        content,
-                        5,
-                        "[]",
-                        "{}",
-                        slug,
-                        markdown_filename(ts, slug),
-                        BULK_ORIGIN,
-                        now,
+            with engine.begin() as conn:
+                for number in range(start + offset, start + min(count, offset + chunk)):
+                    instant = datetime.fromtimestamp(base + number * 1e-3, UTC)
+                    record = build_record(memory_text(number, rng, size), timestamp=instant)
+                    records.insert_record(
+                        conn,
+                        record,
+                        sinks=sinks,
+                        markdown_name=markdown_filename(record.timestamp, record.slug),
+                        origin=BULK_ORIGIN,
+                        now=base,
                     )
-                )
-                properties = {
-                    "name": f"Memory: {ts}",
-                    "timestamp": ts,
-                    "importance": 5,
-                    "semanticVectorId": key,
-                }
-                node_rows.append((key, ts, json.dumps(properties)))
-                edge_rows.append((key,))
-                delivery_rows.extend((key, sink, now, now, now) for sink in sinks)
-            conn.executemany(_RECORD, record_rows)
-            conn.execute(_FTS, (last_seq,))
-            conn.executemany(_NODE, node_rows)
-            conn.executemany(_EDGE, edge_rows)
-            conn.executemany(_DELIVERY, delivery_rows)
-            conn.execute("COMMIT")
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
-        conn.close()
+        engine.dispose()
+    with contextlib.closing(sqlite3.connect(db_path)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     return time.perf_counter() - began
+
+
+def _synchronous_off(dbapi_conn: Any, _record: Any) -> None:
+    dbapi_conn.execute("PRAGMA synchronous = OFF")

@@ -60,7 +60,7 @@ def one_round(url: str, dispatchers: int, records: int, folder: Path) -> float:
             time.sleep(4.0)
             ob.add_many(f"round {dispatchers} record {i}" for i in range(records))
             started = time.perf_counter()  # the commit's NOTIFY has just woken them
-            while ob.storage.counts()[SINK]["delivered"] < records:
+            while ob.storage.deliveries.counts()[SINK]["delivered"] < records:
                 time.sleep(0.02)
             elapsed = time.perf_counter() - started
         finally:

@@ -1,7 +1,8 @@
 """Does the write or the dispatcher slow down as the outbox grows?
 
-One outbox per size, filled by ``bulk.bulk_insert`` (rows equivalent to ``add``'s, all
-pending for one sink: the worst case for the claim, a backlog of that size). Then, in
+One outbox per size, filled by ``bulk.bulk_insert`` (the rows ``add`` writes, through the
+library's own insert, all pending for one sink: the worst case for the claim, a backlog of
+that size). Then, in
 alternating rounds over the sizes (so a noisy neighbour hits every size alike): ``add``
 latency, the claim and the settle of a 64-row batch, and the FTS lookup of the pending
 overlay (every bulk row is pending, so the overlay holds them all).
@@ -25,7 +26,6 @@ from benchmarks.common import (
 )
 from outbox import Outbox
 from outbox.store.engine import sqlite_path
-from outbox.store.recall import pending_matches
 
 QUERIES = (
     "why did we choose sqlite for the durable write",
@@ -72,17 +72,19 @@ class _Sized:
         with quiet_gc():
             for _ in range(claims):
                 tick = time.perf_counter()
-                batch = storage.claim(NOOP_SINK, "scale", 64, 60.0)
+                batch = storage.deliveries.claim(NOOP_SINK, "scale", 64, 60.0)
                 middle = time.perf_counter()
-                storage.settle("scale", [(c.delivery_id, c.key) for c in batch], [])
+                storage.deliveries.settle("scale", [(c.delivery_id, c.key) for c in batch], [])
                 self.claims.append(middle - tick)
                 self.settles.append(time.perf_counter() - middle)
                 if len(batch) != 64:
                     raise RuntimeError(f"claimed {len(batch)} rows at {self.rows}, expected 64")
 
+        recall = storage.recall
+
         def lookup(number: int) -> None:
             query = QUERIES[number % len(QUERIES)]
-            pending_matches(self.outbox.reader, query, vector_sink=NOOP_SINK, limit=10)
+            recall.pending_matches(query, vector_sink=NOOP_SINK, limit=10)
 
         with quiet_gc():
             samples, wall = time_calls(lookup, lookups, start=len(self.lookups))

@@ -21,7 +21,6 @@ from outbox.keys import canonical_timestamp, idempotency_key
 from outbox.record import build_record
 from outbox.slugs import derive_slug, markdown_filename
 from outbox.store.engine import sqlite_path
-from outbox.store.recall import pending_matches
 
 TEXTS = memories(200, seed=51)
 CONTENT = TEXTS[0]
@@ -104,8 +103,8 @@ def test_claim_settle(benchmark: Any, backlog: Outbox) -> None:
     storage = backlog.storage
 
     def claim_settle() -> int:
-        claims = storage.claim(NOOP_SINK, "bench", CLAIM_BATCH, 60.0)
-        done, _ = storage.settle("bench", [(c.delivery_id, c.key) for c in claims], [])
+        claims = storage.deliveries.claim(NOOP_SINK, "bench", CLAIM_BATCH, 60.0)
+        done, _ = storage.deliveries.settle("bench", [(c.delivery_id, c.key) for c in claims], [])
         return len(done)
 
     assert benchmark.pedantic(claim_settle, rounds=CLAIM_ROUNDS, iterations=1) == CLAIM_BATCH
@@ -114,8 +113,7 @@ def test_claim_settle(benchmark: Any, backlog: Outbox) -> None:
 def test_pending_matches(benchmark: Any, backlog: Outbox) -> None:
     """The FTS lookup behind read-after-write recall, over a few thousand pending records."""
     hits = benchmark(
-        pending_matches,
-        backlog.reader,
+        backlog.pending_matches,
         "why did the dispatcher retry the lease after a crash",
         vector_sink=NOOP_SINK,
         limit=10,

@@ -90,6 +90,16 @@ def pg_url() -> Iterator[str]:
 NOOP_SINK = "outbox.testing.sinks:NoopSink"
 
 
+@contextlib.contextmanager
+def new_database(backend: str, folder: Path) -> Iterator[str]:
+    """URL of a new, empty database: a SQLite file in ``folder``, or a fresh PostgreSQL one."""
+    if backend == "sqlite":
+        yield f"sqlite:///{folder / 'outbox.db'}"
+        return
+    with fresh_database() as url:
+        yield url
+
+
 @pytest.fixture(
     params=[
         pytest.param("sqlite", id="sqlite"),
@@ -98,9 +108,8 @@ NOOP_SINK = "outbox.testing.sinks:NoopSink"
 )
 def either_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Outbox]:
     """An outbox delivering to the no-op sink, on SQLite, then on a fresh PostgreSQL database:
-    for tests of one query that must behave alike on both."""
-
-    def opened(url: str) -> Outbox:
+    for tests that must behave alike on both."""
+    with new_database(request.param, tmp_path) as url:
         settings = load_settings(
             env={},
             db_url=url,
@@ -108,14 +117,8 @@ def either_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[O
             markdown_dir=tmp_path / "md",
             sinks=NOOP_SINK,
         )
-        return Outbox.open(settings)
-
-    if request.param == "sqlite":
-        with opened(f"sqlite:///{tmp_path / 'outbox.db'}") as ob:
+        with Outbox.open(settings) as ob:
             yield ob
-        return
-    with fresh_database() as url, opened(url) as ob:
-        yield ob
 
 
 @pytest.hookimpl(wrapper=True)

@@ -35,7 +35,7 @@ def _seed(ob: Outbox, contents: list[str], session_id: str | None = None) -> lis
     with ob.storage.engine.begin() as conn:
         for content in contents:
             record = build_record(content, metadata=metadata)
-            seq = ob.storage.insert_record(
+            seq = ob.storage.records.insert_record(
                 conn,
                 record,
                 sinks=(SINK,),
@@ -53,7 +53,7 @@ def _filler(number: int) -> str:
 
 
 def _lookup(ob: Outbox, query: str, **options: Any) -> list[str]:
-    hits = recall.pending_matches(ob.reader, query, vector_sink=SINK, **{"limit": 10, **options})
+    hits = ob.storage.recall.pending_matches(query, vector_sink=SINK, **{"limit": 10, **options})
     return [key for key, _score in hits]
 
 
@@ -66,9 +66,9 @@ def test_telling_terms_are_the_rarest_that_fit_the_budget_together() -> None:
 
 def test_matches_are_pending_best_first_and_filtered_by_session(outbox: Outbox) -> None:
     (delivered,) = _seed(outbox, ["heron heron lighthouse keeper"])
-    claims = outbox.storage.claim(SINK, "t", 10, 60.0)
+    claims = outbox.storage.deliveries.claim(SINK, "t", 10, 60.0)
     assert [claim.key for claim in claims] == [delivered]
-    outbox.storage.settle("t", [(claims[0].delivery_id, "done")], [])
+    outbox.storage.deliveries.settle("t", [(claims[0].delivery_id, "done")], [])
     once, twice, neither = _seed(
         outbox, ["the heron by the quay", "heron heron lighthouse", "nothing to see"]
     )

@@ -1,18 +1,22 @@
 """Read queries behind memory-core's recall: recency from the graph, and the lexical overlay
-over records the vector index does not hold yet. Both run on the reader engine."""
+over records the vector index does not hold yet. Both run on the reader engine.
+
+``RecallQueries`` is the part ``Storage`` holds; the module functions ``recent`` and
+``pending_matches`` serve callers that hold only a reader engine.
+"""
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sqlalchemy import Connection, Engine, and_, func, literal_column, or_, select, text
 
+from outbox.states import DeliveryState
 from outbox.store.schema import deliveries, graph_nodes, records
-from outbox.store.storage import DELIVERED
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -33,105 +37,10 @@ class RecentRow:
     metadata: dict[str, Any]
 
 
-def recent(
-    reader: Engine,
-    *,
-    limit: int,
-    session_id: str | None = None,
-    agent: str | None = None,
-    before: tuple[str, str] | None = None,
-) -> list[RecentRow]:
-    """Newest AGENT_MEMORY nodes first, keyset-paged by (timestamp, id)."""
-    query = (
-        select(
-            graph_nodes.c.id,
-            graph_nodes.c.ts,
-            graph_nodes.c.session_id,
-            graph_nodes.c.agent,
-            records.c.content,
-            records.c.importance,
-            records.c.tags,
-            records.c.meta,
-        )
-        .join(records, records.c.key == graph_nodes.c.id)
-        .where(graph_nodes.c.label == "AGENT_MEMORY")
-        .order_by(graph_nodes.c.ts.desc(), graph_nodes.c.id.desc())
-        .limit(limit)
-    )
-    if session_id is not None:
-        query = query.where(graph_nodes.c.session_id == session_id)
-    if agent is not None:
-        query = query.where(graph_nodes.c.agent == agent)
-    if before is not None:
-        ts, key = before
-        query = query.where(
-            or_(graph_nodes.c.ts < ts, and_(graph_nodes.c.ts == ts, graph_nodes.c.id < key))
-        )
-    with reader.connect() as conn:
-        rows = conn.execute(query).all()
-    return [
-        RecentRow(
-            key=row.id,
-            timestamp=row.ts,
-            session_id=row.session_id,
-            agent=row.agent,
-            content=row.content,
-            importance=row.importance,
-            tags=list(row.tags or []),
-            metadata=dict(row.meta or {}),
-        )
-        for row in rows
-    ]
-
-
 def match_terms(query: str) -> list[str]:
     """Distinct lowercase words of a query, longest first (the most telling ones)."""
     words = dict.fromkeys(word.lower() for word in _WORD.findall(query) if len(word) > 1)
     return sorted(words, key=len, reverse=True)[:16]
-
-
-def pending_matches(
-    reader: Engine,
-    query: str,
-    *,
-    vector_sink: str | None,
-    limit: int,
-    session_id: str | None = None,
-    budget: int = MATCH_BUDGET,
-) -> list[tuple[str, float]]:
-    """(key, score) of records not yet delivered to ``vector_sink`` (every record when there
-    is no vector sink) that share words with ``query``; best first.
-
-    Recall runs this on every query, so its cost must not grow with the backlog: each step
-    reads at most about ``budget`` matches per word. Each word's matches are counted up to
-    ``budget`` + 1; the rarest words whose matches fit in ``budget`` together are ranked over
-    all their matches (SQLite: FTS5 bm25, PostgreSQL: ts_rank). Words more common than that
-    only count among the newest ``budget`` records, whose hits come after: on SQLite ranked
-    by how many of those words each holds (bm25's document frequencies would walk every
-    match), on PostgreSQL by ts_rank. Scores order one call's results only. PostgreSQL's
-    index holds delivered records too, so there "rare" and "newest" count those as well.
-    """
-    terms = match_terms(query)
-    if not terms:
-        return []
-    wanted = limit * 3  # room for the session filter below
-    with reader.connect() as conn:
-        overlay: _Overlay = (
-            _SqliteOverlay(conn, vector_sink)
-            if reader.dialect.name == "sqlite"
-            else _PostgresOverlay(conn, vector_sink)
-        )
-        counts = overlay.counts(terms, budget + 1)
-        telling = telling_terms(counts, budget)
-        common = [term for term in terms if counts[term] and term not in telling]
-        found = overlay.ranked(telling, wanted) if telling else []
-        if common and len(found) < wanted:
-            seen = {key for key, _score, _meta in found}
-            newest = overlay.newest(common, wanted, budget)
-            found += [item for item in newest if item[0] not in seen]
-    if session_id is not None:
-        found = [item for item in found if _meta_session(item[2]) == session_id]
-    return [(key, score) for key, score, _meta in found[:limit]]
 
 
 def telling_terms(counts: dict[str, int], budget: int) -> list[str]:
@@ -171,10 +80,11 @@ class _SqliteOverlay:
 
     def __init__(self, conn: Connection, vector_sink: str | None) -> None:
         self.conn = conn
-        self.sink = vector_sink
+        # The pending filter's parameters, passed with every statement that may use it.
+        self.filter = {"sink": vector_sink, "delivered": DeliveryState.DELIVERED.value}
         self.pending = (
             "EXISTS (SELECT 1 FROM deliveries d WHERE d.record_key = r.key "
-            "AND d.sink = :sink AND d.state != 'delivered')"
+            "AND d.sink = :sink AND d.state != :delivered)"
             if vector_sink
             else "1"
         )
@@ -204,7 +114,7 @@ class _SqliteOverlay:
             "ORDER BY bm25(records_fts), records_fts.rowid DESC LIMIT :n"
         )
         phrases = " OR ".join(self._phrases(terms).values())
-        return _found(self.conn.execute(statement, {"q": phrases, "sink": self.sink, "n": wanted}))
+        return _found(self.conn.execute(statement, {"q": phrases, "n": wanted, **self.filter}))
 
     def newest(self, terms: list[str], wanted: int, window: int) -> _Found:
         oldest = self.conn.execute(
@@ -222,7 +132,7 @@ class _SqliteOverlay:
             f"JOIN records r ON r.seq = h.seq WHERE {self.pending} "
             "ORDER BY h.score DESC, h.seq DESC LIMIT :n"
         )
-        params = {**self._phrases(terms), "oldest": oldest or 0, "sink": self.sink, "n": wanted}
+        params = {**self._phrases(terms), "oldest": oldest or 0, "n": wanted, **self.filter}
         return _found(self.conn.execute(statement, params))
 
 
@@ -235,7 +145,7 @@ class _PostgresOverlay:
     def __init__(self, conn: Connection, vector_sink: str | None) -> None:
         self.conn = conn
         self.sink = vector_sink
-        # The planner prices to_tsvector far below its cost (tens of µs per record), so under
+        # The planner prices to_tsvector far below what parsing a record costs, so under
         # a LIMIT it would rather parse record after record than read the GIN index; for
         # this read-only transaction only, the index is the way in.
         conn.execute(text("SET LOCAL enable_seqscan = off"))
@@ -279,7 +189,7 @@ class _PostgresOverlay:
             .where(
                 deliveries.c.record_key == key,
                 deliveries.c.sink == self.sink,
-                deliveries.c.state != DELIVERED,
+                deliveries.c.state != DeliveryState.DELIVERED,
             )
             .exists()
         )
@@ -311,6 +221,108 @@ class _PostgresOverlay:
             .limit(wanted)
         )
         return _found(self.conn.execute(self._pending(statement, recent.c.key)))
+
+
+_OverlayFactory = Callable[[Connection, str | None], _Overlay]
+
+
+class RecallQueries:
+    """Recall's reads over one reader engine, with its database's overlay chosen once."""
+
+    def __init__(self, reader: Engine) -> None:
+        self.reader = reader
+        sqlite = reader.dialect.name == "sqlite"
+        self._overlay: _OverlayFactory = _SqliteOverlay if sqlite else _PostgresOverlay
+
+    def recent(
+        self,
+        *,
+        limit: int,
+        session_id: str | None = None,
+        agent: str | None = None,
+        before: tuple[str, str] | None = None,
+    ) -> list[RecentRow]:
+        """Newest AGENT_MEMORY nodes first, keyset-paged by (timestamp, id)."""
+        query = (
+            select(
+                graph_nodes.c.id,
+                graph_nodes.c.ts,
+                graph_nodes.c.session_id,
+                graph_nodes.c.agent,
+                records.c.content,
+                records.c.importance,
+                records.c.tags,
+                records.c.meta,
+            )
+            .join(records, records.c.key == graph_nodes.c.id)
+            .where(graph_nodes.c.label == "AGENT_MEMORY")
+            .order_by(graph_nodes.c.ts.desc(), graph_nodes.c.id.desc())
+            .limit(limit)
+        )
+        if session_id is not None:
+            query = query.where(graph_nodes.c.session_id == session_id)
+        if agent is not None:
+            query = query.where(graph_nodes.c.agent == agent)
+        if before is not None:
+            ts, key = before
+            query = query.where(
+                or_(graph_nodes.c.ts < ts, and_(graph_nodes.c.ts == ts, graph_nodes.c.id < key))
+            )
+        with self.reader.connect() as conn:
+            rows = conn.execute(query).all()
+        return [
+            RecentRow(
+                key=row.id,
+                timestamp=row.ts,
+                session_id=row.session_id,
+                agent=row.agent,
+                content=row.content,
+                importance=row.importance,
+                tags=list(row.tags or []),
+                metadata=dict(row.meta or {}),
+            )
+            for row in rows
+        ]
+
+    def pending_matches(
+        self,
+        query: str,
+        *,
+        vector_sink: str | None,
+        limit: int,
+        session_id: str | None = None,
+        budget: int = MATCH_BUDGET,
+    ) -> list[tuple[str, float]]:
+        """(key, score) of records not yet delivered to ``vector_sink`` (every record when
+        there is no vector sink) that share words with ``query``; best first.
+
+        Recall runs this on every query, so its cost must not grow with the backlog: each
+        step reads at most about ``budget`` matches per word. Each word's matches are counted
+        up to ``budget`` + 1; the rarest words whose matches fit in ``budget`` together are
+        ranked over all their matches (SQLite: FTS5 bm25, PostgreSQL: ts_rank). Words more
+        common than that only count among the newest ``budget`` records, whose hits come
+        after: on SQLite ranked by how many of those words each holds (bm25's document
+        frequencies would walk every match), on PostgreSQL by ts_rank. Scores order one
+        call's results only. PostgreSQL's index holds delivered records too, so there "rare"
+        and "newest" count those as well.
+        """
+        terms = match_terms(query)
+        if not terms:
+            return []
+        wanted = limit * 3  # room for the session filter below
+        with self.reader.connect() as conn:
+            overlay = self._overlay(conn, vector_sink)
+            counts = overlay.counts(terms, budget + 1)
+            telling = telling_terms(counts, budget)
+            common = [term for term in terms if counts[term] and term not in telling]
+            found = overlay.ranked(telling, wanted) if telling else []
+            if common and len(found) < wanted:
+                seen = {key for key, _score, _meta in found}
+                newest = overlay.newest(common, wanted, budget)
+                found += [item for item in newest if item[0] not in seen]
+        if session_id is not None:
+            found = [item for item in found if _meta_session(item[2]) == session_id]
+        return [(key, score) for key, score, _meta in found[:limit]]
 
 
 def _tsquery(terms: list[str]) -> Any:

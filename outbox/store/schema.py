@@ -81,7 +81,7 @@ deliveries = Table(
     Column("id", SeqType, primary_key=True, autoincrement=True),
     Column("record_key", String(64), ForeignKey("records.key", ondelete="CASCADE"), nullable=False),
     Column("sink", String(255), nullable=False),
-    # pending | leased | delivered | dead
+    # One of outbox.states.DeliveryState.
     Column("state", String(16), nullable=False),
     Column("attempts", Integer, nullable=False, default=0),
     # When the row may next be claimed: the retry time while pending, the lease expiry while
@@ -114,7 +114,7 @@ Index(
     postgresql_where=deliveries.c.mirror_pending == 1,
 )
 
-# Where the mirror repair got to, per machine that keeps mirrors (issue: shared deployments).
+# Where the mirror repair got to, per machine that keeps mirrors (several may share a database).
 mirror_state = Table(
     "mirror_state",
     metadata,

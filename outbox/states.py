@@ -1,0 +1,78 @@
+"""The words the library stores and prints, as enums: one place to read them all.
+
+A leaf module (it imports nothing of ours), so the write path, the dispatcher, the sinks and
+the mirrors can all use it without importing each other. Every enum is a ``StrEnum``: its
+members are the very strings written to the database, the JSONL log and the front matter,
+so a stored value compares equal to its member and old rows need no migration.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class DeliveryState(StrEnum):
+    """Where one record stands with one sink (a ``deliveries`` row)."""
+
+    PENDING = "pending"
+    LEASED = "leased"
+    DELIVERED = "delivered"
+    DEAD = "dead"
+    DISCARDED = "discarded"
+
+
+# Rows a dispatcher still has to deliver, and rows nobody will deliver again.
+UNDELIVERED = (DeliveryState.PENDING, DeliveryState.LEASED)
+SETTLED = (DeliveryState.DELIVERED, DeliveryState.DEAD, DeliveryState.DISCARDED)
+
+
+class ReceiptStatus(StrEnum):
+    """What a write tells its caller: ``stored`` only ever with a sink's concrete id."""
+
+    QUEUED = "queued"
+    STORED = "stored"
+    FALLBACK = "fallback"
+
+
+class FallbackReason(StrEnum):
+    """Why the database did not take a write, so it went to the fallback file."""
+
+    DB_BUSY = "db_busy"
+    DB_UNREACHABLE = "db_unreachable"
+    READONLY = "readonly"
+    DISK_FULL = "disk_full"
+    CORRUPT = "corrupt"
+    IO_ERROR = "io_error"
+    UNKNOWN = "unknown"
+
+
+class FailureReason(StrEnum):
+    """Why a sink did not take a delivery: the front matter's ``reason`` classes."""
+
+    TRANSPORT_CLOSED = "transport_closed"
+    DB_BUSY = "db_busy"
+    QUEUED_NULL_CHUNK = "queued_null_chunk"
+    READONLY = "readonly"
+    TIMEOUT = "timeout"
+    REJECTED = "rejected"
+    UNKNOWN = "unknown"
+
+
+# The front matter's ``reason`` while nothing has failed yet.
+REASON_PENDING = "pending"
+
+
+class MirrorEvent(StrEnum):
+    """The ``event`` of a JSONL line."""
+
+    ACCEPTED = "accepted"
+    DELIVERED = "delivered"
+    DEAD = "dead"
+    DISCARDED = "discarded"
+
+
+class BuiltinSink(StrEnum):
+    """The sinks the library ships; any other configured sink is a ``module:attr`` name."""
+
+    CHROMA = "chroma"
+    BRAINLAYER = "brainlayer"

@@ -1,0 +1,337 @@
+"""The outbox proper: one ``deliveries`` row per (record, sink), leased, settled and retried.
+
+The writes: a dispatcher's (claim, renew, settle, release) and the operator's (dead letters,
+pruning), on top of the reads in ``delivery_reads``. Each runs in its own short transaction;
+none holds one open while a sink is called. The two backends differ only in row locking and
+the SQLite search index, which a ``_DeliveryDialect`` chosen once in the constructor supplies.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sqlalchemy import (
+    BindParameter,
+    ColumnElement,
+    Connection,
+    Engine,
+    Select,
+    and_,
+    bindparam,
+    select,
+    text,
+    update,
+)
+
+from outbox.states import UNDELIVERED, DeliveryState
+from outbox.store.delivery_reads import CHUNK, PENDING_DEPTH_CAP, DeliveryReads, DeliveryRow
+from outbox.store.schema import deliveries
+
+__all__ = ["PENDING_DEPTH_CAP", "Claim", "DeliveryRow", "DeliveryStore"]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A delivery row leased to one dispatcher."""
+
+    delivery_id: int
+    key: str
+    sink: str
+    attempts: int
+
+
+def _leased_by(owner: str | BindParameter[str]) -> ColumnElement[bool]:
+    """Rows still leased to ``owner``: what every write of a lease holder is guarded by."""
+    return and_(deliveries.c.lease_owner == owner, deliveries.c.state == DeliveryState.LEASED)
+
+
+# Settling a delivered row; one statement for the whole batch (executemany).
+_DELIVER = (
+    update(deliveries)
+    .where(deliveries.c.id == bindparam("b_id"), _leased_by(bindparam("b_owner")))
+    .values(
+        state=DeliveryState.DELIVERED,
+        sink_id=bindparam("b_sink_id"),
+        delivered_at=bindparam("b_now"),
+        available_at=bindparam("b_now"),
+        lease_owner=None,
+        lease_expires_at=None,
+        last_error=None,
+        mirror_pending=1,
+        updated_at=bindparam("b_now"),
+    )
+)
+
+
+class _DeliveryDialect(Protocol):
+    """What a claim and a settle do differently per database."""
+
+    def lock_due(self, due: Select[Any]) -> Select[Any]:
+        """The claim's choice of due rows, locked so two claims never share a row."""
+        ...
+
+    def lock_owned(self, owned: Select[Any]) -> Select[Any]:
+        """The settle's read of the rows still leased to its owner, locked until it commits."""
+        ...
+
+    def purge_search_index(self, conn: Connection, owner: str, delivery_ids: list[int]) -> None:
+        """Drop these deliveries' records from the lexical overlay's own index, if it has one."""
+        ...
+
+
+class _SqliteDeliveries:
+    """SQLite's write transaction is the lock; its FTS table holds only undelivered records."""
+
+    _PURGE = text(
+        "DELETE FROM records_fts WHERE rowid IN (SELECT r.seq FROM records r "
+        "JOIN deliveries d ON d.record_key = r.key "
+        "WHERE d.id = :id AND d.lease_owner = :owner AND d.state = :leased)"
+    )
+
+    def lock_due(self, due: Select[Any]) -> Select[Any]:
+        return due
+
+    def lock_owned(self, owned: Select[Any]) -> Select[Any]:
+        return owned
+
+    def purge_search_index(self, conn: Connection, owner: str, delivery_ids: list[int]) -> None:
+        # The vector index holds these now: the lexical overlay no longer needs them.
+        leased = DeliveryState.LEASED.value
+        params = [{"id": i, "owner": owner, "leased": leased} for i in delivery_ids]
+        conn.execute(self._PURGE, params)
+
+
+class _PostgresDeliveries:
+    """Row locks: a claim skips rows another claim holds instead of waiting for them; the
+    GIN index of the overlay covers every record, so there is nothing to purge."""
+
+    def lock_due(self, due: Select[Any]) -> Select[Any]:
+        return due.with_for_update(skip_locked=True)
+
+    def lock_owned(self, owned: Select[Any]) -> Select[Any]:
+        return owned.with_for_update()
+
+    def purge_search_index(self, conn: Connection, owner: str, delivery_ids: list[int]) -> None:
+        return None
+
+
+class DeliveryStore(DeliveryReads):
+    """Reads and writes of ``deliveries``: writes on ``engine``, reads on ``reader``."""
+
+    def __init__(self, engine: Engine, reader: Engine) -> None:
+        super().__init__(reader)
+        self.engine = engine
+        postgres = engine.dialect.name == "postgresql"
+        self._dialect: _DeliveryDialect = _PostgresDeliveries() if postgres else _SqliteDeliveries()
+
+    def claim(
+        self, sink: str, owner: str, limit: int, lease_seconds: float, now: float | None = None
+    ) -> list[Claim]:
+        """Lease up to ``limit`` due rows of ``sink`` in one short transaction.
+
+        Due means pending and past its retry time, or leased with an expired lease (its
+        dispatcher died). The attempt is counted at claim time, so a record that kills its
+        dispatcher still reaches the dead-letter cap.
+        """
+        now = time.time() if now is None else now
+        expires = now + lease_seconds
+        due = (
+            select(deliveries.c.id)
+            .where(
+                deliveries.c.sink == sink,
+                deliveries.c.state.in_(UNDELIVERED),
+                deliveries.c.available_at <= now,
+            )
+            .order_by(deliveries.c.available_at)
+            .limit(limit)
+        )
+        statement = (
+            update(deliveries)
+            .where(deliveries.c.id.in_(self._dialect.lock_due(due).scalar_subquery()))
+            .values(
+                state=DeliveryState.LEASED,
+                lease_owner=owner,
+                lease_expires_at=expires,
+                available_at=expires,
+                attempts=deliveries.c.attempts + 1,
+                updated_at=now,
+            )
+            .returning(deliveries.c.id, deliveries.c.record_key, deliveries.c.attempts)
+        )
+        with self.engine.begin() as conn:
+            rows = conn.execute(statement).all()
+        claims = [Claim(row.id, row.record_key, sink, row.attempts) for row in rows]
+        claims.sort(key=lambda claim: claim.delivery_id)
+        return claims
+
+    def renew(self, owner: str, delivery_ids: Sequence[int], lease_seconds: float) -> int:
+        """Extend the owner's leases on these rows; rows it lost keep their new owner's."""
+        if not delivery_ids:
+            return 0
+        now = time.time()
+        expires = now + lease_seconds
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                update(deliveries)
+                .where(deliveries.c.id.in_(list(delivery_ids)), _leased_by(owner))
+                .values(lease_expires_at=expires, available_at=expires, updated_at=now)
+            )
+        return result.rowcount
+
+    def settle(
+        self,
+        owner: str,
+        delivered: Sequence[tuple[int, str]],
+        failed: Sequence[tuple[int, str, str, float | None]],
+        now: float | None = None,
+        *,
+        purge_search_index: bool = False,
+    ) -> tuple[list[int], list[int]]:
+        """Record outcomes of one batch in one transaction, guarded by lease ownership.
+
+        ``delivered`` holds (delivery id, sink id); ``failed`` holds (delivery id, error text,
+        error class, next attempt time or None for a dead letter). Returns the ids actually
+        updated (a row whose lease was taken over is left to its new owner).
+        ``purge_search_index`` drops delivered records from the lexical overlay (set when
+        the sink is the vector index).
+        """
+        now = time.time() if now is None else now
+        done: list[int] = []
+        with self.engine.begin() as conn:
+            if purge_search_index and delivered:
+                ids = [delivery_id for delivery_id, _ in delivered]
+                self._dialect.purge_search_index(conn, owner, ids)
+            if delivered:
+                done = self._settle_delivered(conn, owner, delivered, now)
+            dead_or_retry = [
+                delivery_id
+                for delivery_id, error, error_class, next_at in failed
+                if self._settle_failed(conn, owner, delivery_id, error, error_class, next_at, now)
+            ]
+        return done, dead_or_retry
+
+    def _settle_delivered(
+        self, conn: Connection, owner: str, delivered: Sequence[tuple[int, str]], now: float
+    ) -> list[int]:
+        """Mark the owner's leased rows delivered: one ownership read, one batched update.
+
+        An UPDATE built per row was most of a batch's settle. Reading first which rows are
+        still ours, inside SQLite's write transaction or locked FOR UPDATE on PostgreSQL,
+        keeps the per-row answer exact.
+        """
+        wanted = [delivery_id for delivery_id, _ in delivered]
+        owned: set[int] = set()
+        for start in range(0, len(wanted), CHUNK):
+            query = select(deliveries.c.id).where(
+                deliveries.c.id.in_(wanted[start : start + CHUNK]), _leased_by(owner)
+            )
+            owned.update(conn.execute(self._dialect.lock_owned(query)).scalars())
+        done: list[int] = []
+        params: list[dict[str, Any]] = []
+        for delivery_id, sink_id in delivered:
+            if delivery_id in owned:
+                owned.discard(delivery_id)  # a repeated id settles once
+                done.append(delivery_id)
+                params.append(
+                    {"b_id": delivery_id, "b_owner": owner, "b_sink_id": sink_id, "b_now": now}
+                )
+        if params:
+            conn.execute(_DELIVER, params)
+        return done
+
+    @staticmethod
+    def _settle_failed(
+        conn: Connection,
+        owner: str,
+        delivery_id: int,
+        error: str,
+        error_class: str,
+        next_at: float | None,
+        now: float,
+    ) -> bool:
+        """Put one failed row back to pending until ``next_at``, or dead without one."""
+        retry = next_at is not None
+        result = conn.execute(
+            update(deliveries)
+            .where(deliveries.c.id == delivery_id, _leased_by(owner))
+            .values(
+                state=DeliveryState.PENDING if retry else DeliveryState.DEAD,
+                available_at=next_at if retry else now,
+                mirror_pending=1,
+                last_error=error[:2000],
+                error_class=error_class,
+                lease_owner=None,
+                lease_expires_at=None,
+                updated_at=now,
+            )
+        )
+        return bool(result.rowcount)
+
+    def release(self, owner: str, delivery_ids: Sequence[int] | None = None) -> int:
+        """Hand leased rows back untried (clean shutdown): the attempt is not counted."""
+        now = time.time()
+        condition = _leased_by(owner)
+        if delivery_ids is not None:
+            condition = and_(condition, deliveries.c.id.in_(list(delivery_ids)))
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                update(deliveries)
+                .where(condition)
+                .values(
+                    state=DeliveryState.PENDING,
+                    available_at=now,
+                    attempts=deliveries.c.attempts - 1,
+                    lease_owner=None,
+                    lease_expires_at=None,
+                    updated_at=now,
+                )
+            )
+        return result.rowcount
+
+    def requeue_dead(self, keys: Sequence[str] | None, sink: str | None = None) -> int:
+        """Give dead letters a fresh set of attempts."""
+        now = time.time()
+        return self._update_dead(
+            keys, sink, state=DeliveryState.PENDING, attempts=0, available_at=now, updated_at=now
+        )
+
+    def discard_dead(self, keys: Sequence[str] | None, sink: str | None = None) -> int:
+        """Mark dead letters discarded: kept for audit, never retried."""
+        return self._update_dead(keys, sink, state=DeliveryState.DISCARDED, updated_at=time.time())
+
+    def _update_dead(self, keys: Sequence[str] | None, sink: str | None, **values: Any) -> int:
+        """Change dead letters (all, or those of ``keys`` / ``sink``) and flag their mirrors."""
+        condition = deliveries.c.state == DeliveryState.DEAD
+        if keys:
+            condition = and_(condition, deliveries.c.record_key.in_(list(keys)))
+        if sink:
+            condition = and_(condition, deliveries.c.sink == sink)
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                update(deliveries).where(condition).values(mirror_pending=1, **values)
+            )
+        return result.rowcount
+
+    def prune_delivered(self, sinks: Sequence[str], older_than: float, limit: int = 5000) -> int:
+        """Delete delivered rows past retention (the mirrors keep the history)."""
+        total = 0
+        for sink in sinks:
+            ids = (
+                select(deliveries.c.id)
+                .where(
+                    deliveries.c.sink == sink,
+                    deliveries.c.state == DeliveryState.DELIVERED,
+                    deliveries.c.available_at < older_than,
+                    deliveries.c.mirror_pending == 0,
+                )
+                .limit(limit)
+            )
+            with self.engine.begin() as conn:
+                result = conn.execute(
+                    deliveries.delete().where(deliveries.c.id.in_(ids.scalar_subquery()))
+                )
+            total += result.rowcount
+        return total

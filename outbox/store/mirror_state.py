@@ -1,0 +1,97 @@
+"""What the JSONL and markdown mirrors still have to catch up on.
+
+Two things: per machine, how far the mirror repair got (``mirror_state``), and which
+delivery outcomes are not mirrored yet (the ``mirror_pending`` flag on ``deliveries``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from sqlalchemy import Engine, Table, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from outbox.store.delivery_reads import DeliveryRow, row_to_delivery
+from outbox.store.schema import deliveries, mirror_state, records
+
+
+class Watermark(NamedTuple):
+    """How far the mirror repair got: the last record seq, the JSONL offset, and the hash of
+    the line that ends at that offset (None before migration 0004 or for an empty log)."""
+
+    record_seq: int
+    offset: int
+    line_hash: str | None
+
+
+class MirrorStateStore:
+    """The mirror repair's watermark and the outstanding mirror updates."""
+
+    def __init__(self, engine: Engine, reader: Engine) -> None:
+        self.engine = engine
+        self.reader = reader
+        # Each dialect's INSERT with ON CONFLICT: the same call, from its own module.
+        postgres = engine.dialect.name == "postgresql"
+        self._insert: Callable[[Table], Any] = postgresql.insert if postgres else sqlite.insert
+
+    def mirror_watermark(self, mirror_id: str) -> Watermark:
+        """Where the last repair of ``mirror_id``'s mirrors got to (all zero: never ran)."""
+        with self.reader.connect() as conn:
+            row = conn.execute(
+                select(
+                    mirror_state.c.record_seq, mirror_state.c.jsonl_offset, mirror_state.c.line_hash
+                ).where(mirror_state.c.mirror_id == mirror_id)
+            ).first()
+        if row is None:
+            return Watermark(0, 0, None)
+        return Watermark(int(row.record_seq), int(row.jsonl_offset), row.line_hash)
+
+    def set_mirror_watermark(
+        self, mirror_id: str, record_seq: int, offset: int, line_hash: str | None = None
+    ) -> None:
+        """Store how far ``mirror_id``'s repair got, replacing the previous watermark."""
+        values = {
+            "record_seq": record_seq,
+            "jsonl_offset": offset,
+            "line_hash": line_hash,
+            "updated_at": time.time(),
+        }
+        statement = self._insert(mirror_state).values(mirror_id=mirror_id, **values)
+        statement = statement.on_conflict_do_update(index_elements=["mirror_id"], set_=values)
+        with self.engine.begin() as conn:
+            conn.execute(statement)
+
+    def mirror_pending(self, origin: str, limit: int = 1000) -> list[DeliveryRow]:
+        """Outcomes of ``origin``'s records still to be mirrored, oldest first.
+
+        The origin test is a correlated EXISTS, not a join: joined, SQLite drove the query
+        from every record of the origin (all of them, on one machine), so each call grew with
+        the outbox, and it runs twice per dispatcher batch. This way it walks only the
+        partial index of pending rows, in id order.
+        """
+        mine = (
+            select(records.c.key)
+            .where(records.c.key == deliveries.c.record_key, records.c.origin == origin)
+            .exists()
+        )
+        with self.reader.connect() as conn:
+            rows = conn.execute(
+                select(deliveries)
+                .where(deliveries.c.mirror_pending == 1, mine)
+                .order_by(deliveries.c.id)
+                .limit(limit)
+            ).all()
+        return [row_to_delivery(row) for row in rows]
+
+    def clear_mirror_pending(self, delivery_ids: Sequence[int]) -> None:
+        """Mark these outcomes mirrored."""
+        if not delivery_ids:
+            return
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(deliveries)
+                .where(deliveries.c.id.in_(list(delivery_ids)))
+                .values(mirror_pending=0)
+            )

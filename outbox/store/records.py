@@ -1,0 +1,339 @@
+"""Records: the write path's insert and lookup, and the reads of what was stored.
+
+A record is written once with everything that goes with it (its graph node, the frontier
+edge, one delivery per sink and, on SQLite, its row in the lexical search index). How those
+rows reach the database differs per backend, so a ``_RecordWriter`` chosen once in the
+constructor does it: exactly one insert path per backend.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sqlalchemy import Connection, Dialect, Engine, Table, bindparam, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from outbox.record import Record
+from outbox.states import DeliveryState
+from outbox.store.schema import FRONTIER_NODE_ID, deliveries, graph_edges, graph_nodes, records
+
+# Keys per ``IN (...)`` list: well below every driver's limit on bound parameters.
+_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    """A record as stored, with where it came from and where its markdown file is."""
+
+    seq: int
+    record: Record
+    markdown_name: str
+    origin: str
+    created_at: float
+
+
+def row_to_record(row: Any) -> StoredRecord:
+    """A ``records`` row as a StoredRecord."""
+    return StoredRecord(
+        seq=row.seq,
+        record=Record(
+            key=row.key,
+            timestamp=row.ts,
+            content=row.content,
+            importance=row.importance,
+            tags=tuple(row.tags or ()),
+            metadata=dict(row.meta or {}),
+            slug=row.slug,
+        ),
+        markdown_name=row.markdown_name,
+        origin=row.origin,
+        created_at=row.created_at,
+    )
+
+
+@dataclass(frozen=True)
+class NewRows:
+    """Every row one record's insert writes, as column values (JSON columns unencoded)."""
+
+    record: dict[str, Any]
+    node: dict[str, Any]
+    edge: dict[str, Any]
+    deliveries: list[dict[str, Any]]
+
+
+def new_rows(
+    record: Record, *, sinks: Sequence[str], markdown_name: str, origin: str, now: float
+) -> NewRows:
+    """The rows of a new record: its node in neo.mjs's shape, keyed by the record key, the
+    edge from the frontier anchor, and a pending delivery per sink."""
+    meta = dict(record.metadata)
+    session_id, agent = meta.get("session_id"), meta.get("agent")
+    return NewRows(
+        record={
+            "key": record.key,
+            "ts": record.timestamp,
+            "content": record.content,
+            "importance": record.importance,
+            "tags": list(record.tags),
+            "meta": meta,
+            "slug": record.slug,
+            "markdown_name": markdown_name,
+            "origin": origin,
+            "created_at": now,
+        },
+        node={
+            "id": record.key,
+            "label": "AGENT_MEMORY",
+            "session_id": str(session_id) if session_id is not None else None,
+            "agent": str(agent) if agent is not None else None,
+            "ts": record.timestamp,
+            "properties": {
+                "name": f"Memory: {record.timestamp}",
+                "timestamp": record.timestamp,
+                "importance": record.importance,
+                "semanticVectorId": record.key,
+            },
+        },
+        edge={
+            "source": FRONTIER_NODE_ID,
+            "target": record.key,
+            "type": "SPAWNED_MEMORY",
+            "weight": 0.8,
+            "properties": {},
+        },
+        deliveries=[_delivery_row(record.key, sink, now) for sink in sinks],
+    )
+
+
+def _delivery_row(key: str, sink: str, now: float) -> dict[str, Any]:
+    return {
+        "record_key": key,
+        "sink": sink,
+        "state": DeliveryState.PENDING.value,
+        "attempts": 0,
+        "available_at": now,
+        "lease_owner": None,
+        "lease_expires_at": None,
+        "last_error": None,
+        "error_class": None,
+        "sink_id": None,
+        "mirror_pending": 0,
+        "created_at": now,
+        "updated_at": now,
+        "delivered_at": None,
+    }
+
+
+class _RecordWriter(Protocol):
+    """The write path's two statements, per database."""
+
+    def lookup(self, conn: Connection, key: str, name: str) -> Sequence[Sequence[Any]]:
+        """(key, markdown name) of the records holding ``key`` or the name ``name``."""
+        ...
+
+    def insert(self, conn: Connection, rows: NewRows) -> int | None:
+        """Write ``rows``; the new ``seq``, or None when the key exists (nothing written)."""
+        ...
+
+
+class _Compiled:
+    """A Core statement compiled once to the driver's SQL and parameter order.
+
+    The SQLite writer runs these on the raw driver connection: the SQL is still written
+    once, in SQLAlchemy, but each execution skips SQLAlchemy's per-statement overhead,
+    which the write path would pay for every one of a record's rows.
+    """
+
+    def __init__(self, statement: Any, dialect: Dialect) -> None:
+        compiled = statement.compile(dialect=dialect)
+        self.sql = str(compiled)
+        self.order = list(compiled.positiontup or [])
+
+    def args(self, params: dict[str, Any]) -> list[Any]:
+        return [params[name] for name in self.order]
+
+
+def _binds(table: Table, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {col.name: bindparam(col.name) for col in table.columns if col.name not in skip}
+
+
+def _driver_cursor(conn: Connection) -> Any:
+    return conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+
+
+class _SqliteWriter:
+    """Compiled statements on the raw driver connection, and the FTS5 row recall reads."""
+
+    _FTS = "INSERT INTO records_fts(rowid, content) VALUES (?, ?)"
+
+    def __init__(self, dialect: Dialect) -> None:
+        self._lookup = _Compiled(
+            select(records.c.key, records.c.markdown_name).where(
+                (records.c.key == bindparam("key")) | (records.c.markdown_name == bindparam("name"))
+            ),
+            dialect,
+        )
+        self._record = _Compiled(
+            sqlite.insert(records)
+            .values(_binds(records, ("seq",)))
+            .on_conflict_do_nothing(index_elements=["key"])
+            .returning(records.c.seq),
+            dialect,
+        )
+        self._node = _Compiled(graph_nodes.insert().values(_binds(graph_nodes)), dialect)
+        self._edge = _Compiled(graph_edges.insert().values(_binds(graph_edges, ("id",))), dialect)
+        self._delivery = _Compiled(deliveries.insert().values(_binds(deliveries, ("id",))), dialect)
+
+    def lookup(self, conn: Connection, key: str, name: str) -> Sequence[Sequence[Any]]:
+        args = self._lookup.args({"key": key, "name": name})
+        rows: list[Sequence[Any]] = _driver_cursor(conn).execute(self._lookup.sql, args).fetchall()
+        return rows
+
+    def insert(self, conn: Connection, rows: NewRows) -> int | None:
+        cursor = _driver_cursor(conn)
+        meta = rows.record["meta"]
+        record = dict(rows.record, tags=json.dumps(rows.record["tags"]), meta=_json(meta))
+        found = cursor.execute(self._record.sql, self._record.args(record)).fetchone()
+        if found is None:
+            return None
+        seq = int(found[0])
+        cursor.execute(self._FTS, (seq, rows.record["content"]))
+        node = dict(rows.node, properties=json.dumps(rows.node["properties"]))
+        cursor.execute(self._node.sql, self._node.args(node))
+        edge = dict(rows.edge, properties=_json(rows.edge["properties"]))
+        cursor.execute(self._edge.sql, self._edge.args(edge))
+        if rows.deliveries:
+            delivery = self._delivery
+            cursor.executemany(delivery.sql, [delivery.args(row) for row in rows.deliveries])
+        return seq
+
+
+def _json(value: dict[str, Any]) -> str:
+    return json.dumps(value) if value else "{}"
+
+
+class _PostgresWriter:
+    """Plain Core statements; the GIN expression index covers a record's text by itself."""
+
+    def lookup(self, conn: Connection, key: str, name: str) -> Sequence[Sequence[Any]]:
+        return conn.execute(
+            select(records.c.key, records.c.markdown_name).where(
+                (records.c.key == key) | (records.c.markdown_name == name)
+            )
+        ).all()
+
+    def insert(self, conn: Connection, rows: NewRows) -> int | None:
+        seq = conn.execute(
+            postgresql.insert(records)
+            .values(**rows.record)
+            .on_conflict_do_nothing(index_elements=["key"])
+            .returning(records.c.seq)
+        ).scalar()
+        if seq is None:
+            return None
+        conn.execute(graph_nodes.insert(), rows.node)
+        conn.execute(graph_edges.insert(), rows.edge)
+        if rows.deliveries:
+            conn.execute(deliveries.insert(), rows.deliveries)
+        return int(seq)
+
+
+class RecordStore:
+    """Records: inserted in the caller's transaction on ``engine``, read on ``reader``."""
+
+    def __init__(self, engine: Engine, reader: Engine) -> None:
+        self.engine = engine
+        self.reader = reader
+        self._writer: _RecordWriter = (
+            _PostgresWriter()
+            if engine.dialect.name == "postgresql"
+            else _SqliteWriter(engine.dialect)
+        )
+
+    # -- the write path -------------------------------------------------------------------
+
+    def lookup(self, conn: Connection, key: str, name: str) -> tuple[bool, bool]:
+        """(the key exists, another key owns the markdown name): one query for both."""
+        found = self._writer.lookup(conn, key, name)
+        exists = any(row[0] == key for row in found)
+        taken = any(row[0] != key and row[1] == name for row in found)
+        return exists, taken
+
+    def insert_record(
+        self,
+        conn: Connection,
+        record: Record,
+        *,
+        sinks: Sequence[str],
+        markdown_name: str,
+        origin: str,
+        now: float,
+    ) -> int | None:
+        """Insert record, graph node, frontier edge and one delivery per sink.
+
+        Returns the new ``seq``, or None when the key already exists (nothing is written).
+        """
+        rows = new_rows(record, sinks=sinks, markdown_name=markdown_name, origin=origin, now=now)
+        return self._writer.insert(conn, rows)
+
+    def rename_markdown(self, conn: Connection, key: str, name: str) -> None:
+        """Point a committed record at another markdown file name."""
+        conn.execute(update(records).where(records.c.key == key).values(markdown_name=name))
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def get_record(self, key: str, conn: Connection | None = None) -> StoredRecord | None:
+        """The record of ``key``, read in ``conn`` when given (the write path's transaction)."""
+        query = select(records).where(records.c.key == key)
+        if conn is not None:
+            row = conn.execute(query).first()
+        else:
+            with self.reader.connect() as own:
+                row = own.execute(query).first()
+        return row_to_record(row) if row else None
+
+    def get_records(self, keys: Iterable[str]) -> dict[str, StoredRecord]:
+        """The stored records of these keys, by key; unknown keys are left out."""
+        wanted = list(keys)
+        found: dict[str, StoredRecord] = {}
+        with self.reader.connect() as conn:
+            for start in range(0, len(wanted), _CHUNK):
+                chunk = wanted[start : start + _CHUNK]
+                for row in conn.execute(select(records).where(records.c.key.in_(chunk))):
+                    found[row.key] = row_to_record(row)
+        return found
+
+    def records_after(self, origin: str, seq: int, limit: int = 1000) -> list[StoredRecord]:
+        """``origin``'s records written after ``seq``, in write order."""
+        with self.reader.connect() as conn:
+            rows = conn.execute(
+                select(records)
+                .where(records.c.origin == origin, records.c.seq > seq)
+                .order_by(records.c.seq)
+                .limit(limit)
+            ).all()
+        return [row_to_record(row) for row in rows]
+
+    def iter_records(self, origin: str | None = None, batch: int = 1000) -> Iterator[StoredRecord]:
+        """Every record (of ``origin``, when given) in write order, read ``batch`` at a time
+        so no read transaction stays open while the caller works."""
+        last = 0
+        while True:
+            query = select(records).where(records.c.seq > last).order_by(records.c.seq).limit(batch)
+            if origin is not None:
+                query = query.where(records.c.origin == origin)
+            with self.reader.connect() as conn:
+                rows = conn.execute(query).all()
+            if not rows:
+                return
+            for row in rows:
+                yield row_to_record(row)
+            last = rows[-1].seq
+
+    def count_records(self) -> int:
+        """How many records the outbox holds."""
+        with self.reader.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(records)).scalar_one())
