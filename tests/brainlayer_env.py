@@ -81,12 +81,13 @@ class BrainLayerEnv:
         """Apply BrainLayer's own queue of deferred writes (what its drain daemon does)."""
         from brainlayer.drain import drain_once
 
-        return drain_once(
+        applied = drain_once(
             db_path=self.db,
             queue_dir=self.queue_dir,
             log_path=self.root / "drain.log",
             pause_sentinel_path=self.root / "pause.sentinel",
         )
+        return int(applied)
 
 
 def brainlayer_environ(root: Path) -> dict[str, str]:

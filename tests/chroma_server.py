@@ -9,11 +9,12 @@ Tests that need a Chroma server share one per module through a module-scoped fix
 
 ``server.url`` goes into ``OUTBOX_CHROMA_URL``. ``stop()`` then ``start()`` restarts it on the
 same data folder and port (an outage); ``freeze()``/``thaw()`` send SIGSTOP/SIGCONT (a server
-that accepts connections but never answers).
+that accepts connections but never answers), and ``with server.frozen():`` does both.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -23,6 +24,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -111,6 +113,15 @@ class ChromaServer:
 
     def thaw(self) -> None:
         os.kill(self.pid, signal.SIGCONT)
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """Frozen for the block, thawed after it whatever happened."""
+        self.freeze()
+        try:
+            yield
+        finally:
+            self.thaw()
 
     def _log_tail(self, lines: int = 20) -> str:
         try:

@@ -7,13 +7,14 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from outbox import load_settings
 from outbox.errors import ConfigError
-from outbox.sinks.chroma import has_visible_text
+from outbox.sinks.chroma_documents import has_visible_text
 from outbox.sinks.embedding import (
     DIMENSION,
     EmbeddingError,
@@ -160,8 +161,9 @@ def test_chroma_takes_it_as_its_embedding_function(tmp_path: Path, minilm: MiniL
         "food": "Bob is allergic to peanuts; order the pad thai without them.",
         "deploy": "Production releases go out on Tuesdays after the change review.",
     }
-    with chromadb.PersistentClient(str(tmp_path / "chroma")) as client:
-        collection = client.create_collection("ef-test", embedding_function=minilm)  # type: ignore[arg-type]
+    client: Any = chromadb.PersistentClient(str(tmp_path / "chroma"))
+    with client:
+        collection = client.create_collection("ef-test", embedding_function=minilm)
         collection.add(ids=list(docs), documents=list(docs.values()))
         reopened = client.get_collection("ef-test")  # no function given: rebuilt from config
         assert reopened.configuration.get("embedding_function") is minilm

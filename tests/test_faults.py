@@ -1,4 +1,4 @@
-"""Seed 000's evaluation scenarios against the outbox, with faults injected in the sink.
+"""The failure scenarios an agent's memory store meets, with faults injected in the sink.
 
 The sink is the FaultySink (its own SQLite file; failures, false acks and transport errors set
 per instance or through ``OUTBOX_FAULTY_*`` for child processes), or, where one test needs a
@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from outbox import Outbox, Settings
-from outbox.dispatch.dispatcher import Dispatcher
 from outbox.dispatch.retry import RetryPolicy
 from outbox.fallback import INDEX_NAME
 from outbox.record import Record
@@ -56,16 +55,16 @@ def _no_fallback_trace(folder: Path) -> None:
 def test_a_null_chunk_id_is_reported_queued_never_stored(
     settings: Settings, tmp_path: Path
 ) -> None:
-    """The sink keeps the record but answers without an id (seed 000 tier 2: chunk_id null)."""
+    """The sink keeps the record but answers without an id (``chunk_id: null``)."""
     sink = FaultySink(tmp_path / "sink.db", FAULTY, fail_rate=0, null_rate=1)
     with Outbox.open(settings) as ob:
         receipt = ob.add("a memory the sink only pretends to store")
         assert receipt.status == "queued"
         assert receipt.text == f"Queued {receipt.key} for FaultySink"
-        with Dispatcher(ob, sink_objects={FAULTY: sink}, policy=PARKED) as dispatcher:
+        with ob.dispatcher(sink_objects={FAULTY: sink}, policy=PARKED) as dispatcher:
             report = dispatcher.drain()
         assert report.delivered == 0 and not report.ok
-        (row,) = ob.storage.deliveries_for([receipt.key])[receipt.key]
+        (row,) = ob.storage.deliveries.deliveries_for([receipt.key])[receipt.key]
         assert (row.state, row.sink_id, row.error_class) == ("pending", None, "queued_null_chunk")
         after = ob.wait_delivered(receipt.key, timeout=0.3)
         assert after.status == "queued" and after.sink_ids == {}
@@ -148,17 +147,19 @@ def test_a_sink_failing_most_of_the_time_leaves_one_file_per_content(
         keys = {contract_key(content, stamp) for content in contents}
         assert {r.key for r in first} == keys
         deadline = time.monotonic() + 60
-        while ob.storage.counts()[FAULTY]["delivered"] < len(contents):
-            assert time.monotonic() < deadline, ob.storage.counts()
-            with Dispatcher(ob, sink_objects={FAULTY: sink}, policy=EAGER) as dispatcher:
+        while ob.storage.deliveries.counts()[FAULTY]["delivered"] < len(contents):
+            assert time.monotonic() < deadline, ob.storage.deliveries.counts()
+            with ob.dispatcher(sink_objects={FAULTY: sink}, policy=EAGER) as dispatcher:
                 dispatcher.drain()
         attempts = sum(
-            row.attempts for rows in ob.storage.deliveries_for(keys).values() for row in rows
+            row.attempts
+            for rows in ob.storage.deliveries.deliveries_for(keys).values()
+            for row in rows
         )
     finally:
         ob.close()
     with Outbox.open(settings) as ob:  # imports the three fallback files: all duplicates now
-        assert ob.storage.count_records() == len(contents)
+        assert ob.storage.records.count_records() == len(contents)
         assert ob.verify().ok
     assert attempts > len(contents)  # the sink really did fail, and retries really happened
     by_key = files_by_key(settings.markdown_dir)
@@ -176,7 +177,7 @@ def test_a_successful_store_writes_no_fallback_file(settings: Settings, tmp_path
         receipt = ob.add("a memory the sink takes at the first attempt")
         assert receipt.status == "queued"
         _no_fallback_trace(settings.markdown_dir)
-        with Dispatcher(ob, sink_objects={FAULTY: sink}) as dispatcher:
+        with ob.dispatcher(sink_objects={FAULTY: sink}) as dispatcher:
             assert dispatcher.drain().ok
         stored = ob.wait_delivered(receipt.key, timeout=5)
     sink_id = f"faulty-{receipt.key[:16]}"
@@ -202,6 +203,8 @@ UNREACHABLE = "[unreachable]"
 class SelectiveSink:
     """Delivers every record except those whose content holds ``[unreachable]``, for which
     the transport stays closed: the replay test needs to choose who fails."""
+
+    semantic = False
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -237,8 +240,9 @@ chunk_id:
 def test_replay_of_three_pending_files_updates_only_the_delivered_ones(
     settings: Settings, sink_name: str
 ) -> None:
-    """Three seed-000 files; the sink takes two. The two show the delivery in their front
-    matter, the third stays pending, and replaying again adds nothing.
+    """Three pending files from an agent's own fallback; the sink takes two. The two show
+    the delivery in their front matter, the third stays pending, and replaying again adds
+    nothing.
 
     ``chunk_id`` is BrainLayer's: it is filled only for a sink configured as ``brainlayer``.
     The ``brainlayer`` case hands the dispatcher a sink object under that name, so what is
@@ -260,12 +264,12 @@ def test_replay_of_three_pending_files_updates_only_the_delivered_ones(
     with Outbox.open(settings) as ob:
         report = ob.replay()
         assert len(report.imported) == 3 and not report.skipped
-        with Dispatcher(ob, sink_objects={sink_name: sink}, policy=PARKED) as dispatcher:
+        with ob.dispatcher(sink_objects={sink_name: sink}, policy=PARKED) as dispatcher:
             dispatcher.drain()
         again = ob.replay()
-        assert ob.storage.count_records() == 3
+        assert ob.storage.records.count_records() == 3
     brainlayer = sink_name == "brainlayer"
-    # A filled chunk_id ends a file's pending state (seed 000); the rest are already imported.
+    # A filled chunk_id ends a file's pending state; the rest are already imported.
     assert again.imported == [] and len(again.already) == (1 if brainlayer else 3)
     for day, (name, body) in enumerate(bodies.items(), start=1):
         matter, raw = split_markdown(folder / name)

@@ -1,137 +1,49 @@
 """Sort a sink failure into transient (retry) or permanent (dead letter), with its reason.
 
-Pure: it looks only at the exception's class names and text, so it needs no sink library
-imported and can be property-tested. The reasons are the ``reason`` values of the markdown
-front matter (contract section 3) plus ``timeout`` and ``rejected``. Seed 000's tier 1 and
-tier 2 activation signals all land in a transient class here.
+Sinks classify their own library's errors (``Transient``/``Permanent`` in ``sinks.base``);
+this only reads those, plus the standard library's timeouts and connection errors, so it
+knows no sink library and stays a pure function of the exception.
 """
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 
-TRANSPORT_CLOSED = "transport_closed"
-DB_BUSY = "db_busy"
-QUEUED_NULL_CHUNK = "queued_null_chunk"
-READONLY = "readonly"
-TIMEOUT = "timeout"
-REJECTED = "rejected"
-UNKNOWN = "unknown"
+from outbox.sinks.base import Permanent, Transient, describe
+from outbox.states import FailureReason
 
-# (reason, transient, class names, phrases in the lowercased text). First match wins.
-_RULES: tuple[tuple[str, bool, frozenset[str], tuple[str, ...]], ...] = (
-    (
-        REJECTED,
-        False,
-        frozenset({"Rejected", "InvalidArgumentError", "DuplicateIDError"}),
-        ("rejected", "dimension", "invalid argument"),
-    ),
-    (
-        QUEUED_NULL_CHUNK,
-        True,
-        frozenset({"NotDelivered"}),
-        (
-            "chunk_id: null",
-            "null chunk",
-            "queued",
-            "deferred",
-            "queue depth",
-            "tool_returned_text=no",
-            "no chunk_id",
-        ),
-    ),
-    (
-        READONLY,
-        True,
-        frozenset({"ReadOnlyError"}),
-        ("readonly", "read-only", "attempt to write a readonly database"),
-    ),
-    (
-        DB_BUSY,
-        True,
-        frozenset({"BusyError", "WriterInUseError", "SchemaFingerprintMismatch"}),
-        (
-            "database is locked",
-            "database is busy",
-            "db busy",
-            "db_busy",
-            "writer-in-use",
-            "another writer is using",
-            "sqlite_busy",
-        ),
-    ),
-    (
-        TIMEOUT,
-        True,
-        frozenset(
-            {
-                "TimeoutError",
-                "ReadTimeout",
-                "WriteTimeout",
-                "PoolTimeout",
-                "ConnectTimeout",
-                "SinkTimeout",
-            }
-        ),
-        ("timed out", "timeout"),
-    ),
-    (
-        TRANSPORT_CLOSED,
-        True,
-        frozenset(
-            {
-                "ConnectError",
-                "RemoteProtocolError",
-                "ReadError",
-                "WriteError",
-                "BrokenPipeError",
-                "ConnectionError",
-                "ConnectionRefusedError",
-                "ConnectionResetError",
-                "ClosedResourceError",
-                "BrokenResourceError",
-                "EndOfStream",
-                "McpError",
-                "MCPError",
-            }
-        ),
-        (
-            "transport closed",
-            "connection closed",
-            "-32000",
-            "could not connect",
-            "connection refused",
-            "connection reset",
-            "broken pipe",
-            "server disconnected",
-        ),
-    ),
+# OSErrors that mean the other side's connection is gone, whatever class they came as.
+_CONNECTION_ERRNOS = frozenset(
+    {errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.EPIPE, errno.ESHUTDOWN}
 )
-_PERMANENT_TYPES = frozenset({"ValueError", "TypeError", "UnicodeError", "KeyError"})
+# A sink that raises one of these about a record means the record itself is unusable.
+_PERMANENT_TYPES = (ValueError, TypeError, UnicodeError, KeyError)
 
 
 @dataclass(frozen=True)
 class Failure:
-    reason: str
+    reason: FailureReason
     transient: bool
     message: str
 
 
-def _class_names(exc: BaseException) -> set[str]:
-    return {cls.__name__ for cls in type(exc).__mro__}
-
-
 def classify(exc: BaseException) -> Failure:
-    """The reason class of ``exc`` and whether retrying can help."""
-    names = _class_names(exc)
-    explicit = getattr(exc, "reason", None)
-    text = f"{type(exc).__name__}: {exc}"
-    lowered = text.lower()
-    if "NotDelivered" in names and isinstance(explicit, str):
-        return Failure(explicit, True, text)
-    for reason, transient, classes, phrases in _RULES:
-        if names & classes or any(phrase in lowered for phrase in phrases):
-            return Failure(reason, transient, text)
-    if names & _PERMANENT_TYPES:
-        return Failure(REJECTED, False, text)
-    return Failure(UNKNOWN, True, text)
+    """The reason class of ``exc`` and whether retrying can help.
+
+    Anything unrecognised is ``unknown`` and transient: a custom sink's surprise is retried,
+    and the retry cap dead-letters it if it never goes away.
+    """
+    if isinstance(exc, Transient | Permanent):
+        text = str(exc) if type(exc) in (Transient, Permanent) else describe(exc)
+        return Failure(exc.reason, isinstance(exc, Transient), text)
+    text = describe(exc)
+    if isinstance(exc, TimeoutError):  # the dispatcher's SinkTimeout is one
+        return Failure(FailureReason.TIMEOUT, True, text)
+    if isinstance(exc, ConnectionError) or (
+        isinstance(exc, OSError) and exc.errno in _CONNECTION_ERRNOS
+    ):
+        return Failure(FailureReason.TRANSPORT_CLOSED, True, text)
+    if isinstance(exc, _PERMANENT_TYPES):
+        return Failure(FailureReason.REJECTED, False, text)
+    return Failure(FailureReason.UNKNOWN, True, text)

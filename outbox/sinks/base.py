@@ -3,15 +3,32 @@
 A sink turns records into something durable elsewhere and says, per record, which id the
 other side gave it. The dispatcher owns retries, timeouts, leases and bookkeeping; a sink
 only delivers, and must be idempotent by record key (a repeat delivery is no second memory).
+
+A sink also says what its own failures mean: it raises (or returns, per record) ``Transient``
+for "try again later" and ``Permanent`` for "never", each with a ``FailureReason``. Only the
+sink knows its library's exceptions and wording, so the dispatcher never has to.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from outbox.record import Record
+from outbox.states import FailureReason
+
+__all__ = [
+    "Delivered",
+    "FailureReason",
+    "NotDelivered",
+    "Outcome",
+    "Permanent",
+    "Rejected",
+    "Sink",
+    "Transient",
+    "describe",
+]
 
 
 @dataclass(frozen=True)
@@ -25,23 +42,74 @@ class Delivered:
 Outcome = Delivered | BaseException
 
 
-class NotDelivered(Exception):
-    """A sink's reply that is not a delivery (null chunk id, "queued", "deferred")."""
+def describe(exc: BaseException) -> str:
+    """``ClassName: message``: how a failure reads in ``last_error`` and the logs."""
+    return f"{type(exc).__name__}: {exc}"
 
-    def __init__(self, message: str, reason: str = "queued_null_chunk") -> None:
+
+def _as_reason(value: FailureReason | str) -> FailureReason:
+    # A misspelt reason must not turn the sink's failure into a ValueError of its own.
+    try:
+        return FailureReason(value)
+    except ValueError:
+        return FailureReason.UNKNOWN
+
+
+def _rebuild(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
+
+
+class _Classified(Exception):
+    """A failure that carries its own reason class."""
+
+    def __init__(self, message: str, reason: FailureReason | str) -> None:
         super().__init__(message)
-        self.reason = reason
+        self.reason = _as_reason(reason)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled without calling __init__, so subclasses with other signatures survive the
+        # trip from a sink's child process (the default would call cls(*args)).
+        return _rebuild, (type(self), self.args, dict(self.__dict__))
 
 
-class Rejected(Exception):
+class Transient(_Classified):
+    """Retry this record later, with backoff: the other side cannot take it now."""
+
+
+class Permanent(_Classified):
+    """Never retry this record: it goes to the dead letters at once."""
+
+
+class NotDelivered(Transient):
+    """A reply that is not a delivery (null chunk id, "queued", "deferred"): retried."""
+
+    def __init__(
+        self, message: str, reason: FailureReason | str = FailureReason.QUEUED_NULL_CHUNK
+    ) -> None:
+        super().__init__(message, reason)
+
+
+class Rejected(Permanent):
     """The sink refuses this record for good (bad content, wrong dimension): dead-letter it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, FailureReason.REJECTED)
 
 
 @runtime_checkable
 class Sink(Protocol):
-    """What the dispatcher calls. ``name`` is the configured name stored in the outbox."""
+    """What the dispatcher calls. ``name`` is the configured name stored in the outbox.
+
+    ``semantic`` is True only for a vector index that serves meaning-based recall (the
+    Chroma sink): a record it holds leaves the lexical overlay of pending records. Every
+    other sink says False; the registry sets False on a custom sink that does not say.
+    """
 
     name: str
+    semantic: bool
 
     def deliver(self, batch: Sequence[Record]) -> list[Outcome]:
         """Deliver ``batch``; return one outcome per record, or raise to fail them all."""

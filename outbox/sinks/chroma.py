@@ -6,43 +6,39 @@ several processes write (docs/research/chroma.md). Collections get no embedding 
 the sink always sends precomputed vectors, so Chroma never reaches for its default model (a
 download) and a ConnectError always means the server. Nothing connects before the first call,
 which runs under the dispatcher's timeout.
+
+A failed delivery is raised as ``Transient`` or ``Permanent`` (``chroma_client`` reads
+chromadb's and httpx's exceptions); the sink's own troubles keep their own classes.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
-import unicodedata
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
-from urllib.parse import urlsplit
+from typing import Any
 
 from outbox.config import Settings
 from outbox.errors import ConfigError, OutboxError
 from outbox.record import Record
 from outbox.sinks.base import Delivered, Outcome, Rejected
-from outbox.sinks.embedding import Embedder, embedding_name, load_embedding, register_with_chroma
+from outbox.sinks.chroma_client import Backend, ServerBackend, chroma_failure, parse_chroma_url
+from outbox.sinks.chroma_documents import chroma_metadata, has_visible_text, vector_problem
+from outbox.sinks.embedding import Embedder, embedding_name, load_embedding
 
-if TYPE_CHECKING:
-    from chromadb.api import ClientAPI
-    from chromadb.api.models.Collection import Collection
+__all__ = [
+    "ChromaSink",
+    "EmbeddingMismatch",
+    "SearchHits",
+    # Where they were before the split, for callers that import them from here.
+    "chroma_metadata",
+    "has_visible_text",
+    "parse_chroma_url",
+]
 
 log = logging.getLogger(__name__)
-
-EMBEDDING_KEY = "outbox_embedding"  # collection metadata: which embedder built its vectors
-# Metadata keys the sink writes itself; a record's own metadata cannot override them.
-RESERVED_KEYS = frozenset({"timestamp", "timestamp_epoch", "importance", "tags"})
-_INT64 = (-(2**63), 2**63 - 1)
-_TS_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
-_INCLUDE = ["distances", "documents", "metadatas"]
-
-Scalar = str | int | float | bool
-MetadataValue = Scalar | list[str] | list[int] | list[float] | list[bool]
-Result = TypeVar("Result")
 
 
 class EmbeddingMismatch(OutboxError):
@@ -63,239 +59,11 @@ class SearchHits:
     metadatas: list[dict[str, Any]]
 
 
-def parse_chroma_url(url: str) -> tuple[str, int, bool]:
-    """``http[s]://host[:port]`` to (host, port, ssl); without a port, the scheme's own."""
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError("OUTBOX_CHROMA_URL", f"expected http://host:port, got {url!r}")
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise ConfigError("OUTBOX_CHROMA_URL", "a path, query or fragment is not supported")
-    try:
-        port = parts.port
-    except ValueError:
-        raise ConfigError("OUTBOX_CHROMA_URL", f"bad port in {url!r}") from None
-    ssl = parts.scheme == "https"
-    return parts.hostname, port or (443 if ssl else 80), ssl
-
-
-def has_visible_text(content: str) -> bool:
-    """False when every character is whitespace, a control or format character (zero-width
-    space, BOM, bidi marks), a lone accent (Mn) or U+FFFD (what a decoding error leaves):
-    MiniLM's tokenizer drops all of them, so such content embeds to the vector of the empty
-    string, one point shared by every such record, which no query can tell apart."""
-    return any(
-        unicodedata.category(ch)[0] not in "CZ"
-        and unicodedata.category(ch) != "Mn"
-        and ch != "\ufffd"
-        for ch in content
-    )
-
-
-def vector_problem(vector: Sequence[float]) -> str | None:
-    """Why Chroma should not get this vector (a custom embedder's NaN, an all-zero vector)."""
-    import numpy as np
-
-    values = np.asarray(vector, dtype=np.float64).ravel()
-    if values.size == 0:
-        return "the embedding is empty"
-    if not np.isfinite(values).all():
-        return "the embedding holds NaN or infinity"
-    if not values.any():
-        return "the embedding is all zeros (no cosine direction)"
-    return None
-
-
-def _metadata_key_ok(key: str) -> bool:
-    # Chroma refuses empty keys, keys starting with '#' or '$', and its 'chroma:' keys.
-    return bool(key) and key[0] not in "#$" and not key.startswith("chroma:")
-
-
-def _scalar(value: Any) -> Scalar | None:
-    if isinstance(value, bool | str):
-        return value
-    if isinstance(value, int):
-        return value if _INT64[0] <= value <= _INT64[1] else str(value)
-    if isinstance(value, float) and math.isfinite(value):
-        return value
-    return None
-
-
-def _flatten(mapping: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """Nested mappings become dotted keys; Chroma takes no nesting."""
-    for key, value in mapping.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            yield from _flatten(value, f"{name}.")
-        else:
-            yield name, value
-
-
-def chroma_metadata(record: Record) -> dict[str, MetadataValue]:
-    """The record's scalar metadata plus timestamp (text and epoch float), importance, tags.
-
-    Dropped, as Chroma would refuse them: None, empty or mixed-type lists, lists of
-    non-scalars, keys it reserves. Integers past 64 bits become text.
-    """
-    metadata: dict[str, MetadataValue] = {}
-    for key, value in _flatten(record.metadata):
-        if key in RESERVED_KEYS or not _metadata_key_ok(key):
-            continue
-        if isinstance(value, list):
-            items = [_scalar(item) for item in value]
-            kinds = {type(item) for item in items}
-            if items and len(kinds) == 1 and None not in items:
-                metadata[key] = items  # type: ignore[assignment]
-            continue
-        scalar = _scalar(value)
-        if scalar is not None:
-            metadata[key] = scalar
-    moment = datetime.strptime(record.timestamp, _TS_FORMAT).replace(tzinfo=UTC)
-    metadata["timestamp"] = record.timestamp
-    metadata["timestamp_epoch"] = moment.timestamp()
-    metadata["importance"] = record.importance
-    if record.tags:
-        metadata["tags"] = list(record.tags)
-    return metadata
-
-
-class CollectionOps:
-    """The Chroma calls the sink makes, by collection name. They run in this process against
-    a server, and in the child process (``chroma_local``) against an embedded store."""
-
-    def __init__(self, client: ClientAPI) -> None:
-        register_with_chroma()  # chromadb rebuilds a stored embedder even for precomputed writes
-        self.client = client
-        self._collections: dict[str, Collection] = {}
-
-    def _with(self, name: str, embedding: str, action: Callable[[Collection], Result]) -> Result:
-        from chromadb.errors import NotFoundError
-
-        collection = self._collections.get(name)
-        if collection is None:
-            collection = self.client.get_or_create_collection(
-                name,
-                embedding_function=None,
-                configuration={"hnsw": {"space": "cosine"}},
-                metadata={EMBEDDING_KEY: embedding},
-            )
-            self._collections[name] = collection
-        try:
-            return action(collection)
-        except NotFoundError:  # deleted underneath us: create it again on the next call
-            self._collections.pop(name, None)
-            raise
-
-    def open(self, name: str, embedding: str) -> tuple[str | None, int]:
-        """Which embedder built the collection's vectors, and Chroma's largest batch."""
-        metadata = self._with(name, embedding, lambda c: c.metadata) or {}
-        built_with = metadata.get(EMBEDDING_KEY)
-        limit = self.client.get_max_batch_size()
-        return (built_with if isinstance(built_with, str) else None), (limit if limit > 0 else 1000)
-
-    def upsert(
-        self,
-        name: str,
-        embedding: str,
-        ids: list[str],
-        embeddings: Any,
-        documents: list[str],
-        metadatas: list[dict[str, MetadataValue]],
-    ) -> None:
-        self._with(
-            name,
-            embedding,
-            lambda c: c.upsert(
-                ids=ids,
-                embeddings=embeddings,
-                documents=documents,
-                metadatas=metadatas,  # type: ignore[arg-type]
-            ),
-        )
-
-    def query(
-        self,
-        name: str,
-        embedding: str,
-        vector: Any,
-        n_results: int,
-        where: dict[str, Any] | None,
-    ) -> dict[str, list[Any]]:
-        reply = self._with(
-            name,
-            embedding,
-            lambda c: c.query(
-                query_embeddings=[vector],
-                n_results=n_results,
-                where=where,
-                include=_INCLUDE,  # type: ignore[arg-type]
-            ),
-        )
-        return {field: list((reply.get(field) or [[]])[0]) for field in ["ids", *_INCLUDE]}
-
-    def count(self, name: str, embedding: str) -> int:
-        return self._with(name, embedding, lambda c: c.count())
-
-    def close(self) -> None:
-        self.client.close()
-
-
-class Backend(Protocol):
-    """Where the calls of ``CollectionOps`` run: here (server) or in a child (embedded)."""
-
-    def call(self, op: str, *args: Any) -> Any: ...
-
-    def close(self) -> None: ...
-
-
-class ServerBackend:
-    """A ``chroma run`` server through chromadb's HttpClient, every request time-bounded."""
-
-    def __init__(self, host: str, port: int, ssl: bool, timeout: float) -> None:
-        self.host, self.port, self.ssl, self.timeout = host, port, ssl, timeout
-        self._ops: CollectionOps | None = None
-        self._lock = threading.Lock()
-
-    def _http_timeout(self) -> Any:
-        import httpx
-
-        return httpx.Timeout(self.timeout, connect=min(self.timeout, 5.0))
-
-    def _connect(self) -> CollectionOps:
-        """A bounded heartbeat first: chromadb's own client sends its first requests with no
-        timeout at all, which would hang forever on a frozen server."""
-        import chromadb
-        import httpx
-
-        scheme = "https" if self.ssl else "http"
-        url = f"{scheme}://{self.host}:{self.port}/api/v2/heartbeat"
-        httpx.get(url, timeout=self._http_timeout()).raise_for_status()
-        client = chromadb.HttpClient(host=self.host, port=self.port, ssl=self.ssl)
-        session = getattr(getattr(client, "_server", None), "_session", None)
-        if session is None or not hasattr(session, "timeout"):
-            log.warning("chromadb client has no session to bound; only the sink timeout applies")
-        else:  # chromadb hard-codes httpx.Client(timeout=None)
-            session.timeout = self._http_timeout()
-        return CollectionOps(client)
-
-    def call(self, op: str, *args: Any) -> Any:
-        with self._lock:
-            if self._ops is None:
-                self._ops = self._connect()
-            ops = self._ops
-        return getattr(ops, op)(*args)
-
-    def close(self) -> None:
-        with self._lock:
-            ops, self._ops = self._ops, None
-        if ops is not None:
-            ops.close()
-
-
 class ChromaSink:
     """Delivers records to one Chroma collection; ``Delivered.sink_id`` is the record key."""
 
     # It serves meaning-based recall: records it holds leave the lexical pending overlay.
-    semantic = True
+    semantic: bool = True
 
     def __init__(
         self,
@@ -332,10 +100,7 @@ class ChromaSink:
     def embedder(self) -> Embedder:
         return load_embedding(self.embedding)
 
-    def _open(self) -> tuple[Backend, str, int]:
-        """The backend, the embedder's name and the batch limit; the first call opens the
-        collection and checks it was built by the same embedder (other vector sizes would
-        fail every record)."""
+    def _backend_now(self) -> tuple[Backend, int | None]:
         with self._lock:
             if self._backend is None:
                 if self.server is not None:
@@ -345,7 +110,13 @@ class ChromaSink:
 
                     assert self.path is not None
                     self._backend = LocalBackend(self.path, timeout=self.timeout)
-            backend, max_batch = self._backend, self._max_batch
+            return self._backend, self._max_batch
+
+    def _open(self) -> tuple[Backend, str, int]:
+        """The backend, the embedder's name and the batch limit; the first call opens the
+        collection and checks it was built by the same embedder (other vector sizes would
+        fail every record)."""
+        backend, max_batch = self._backend_now()
         name = embedding_name(self.embedder())  # loads the model while the store starts
         if max_batch is None:
             built_with, max_batch = backend.call("open", self.collection_name, name)
@@ -365,11 +136,22 @@ class ChromaSink:
     # -- the Sink interface ---------------------------------------------------------------
 
     def deliver(self, batch: Sequence[Record]) -> list[Outcome]:
-        """Embed and upsert ``batch``; per-record refusals come back as ``Rejected``."""
+        """Embed and upsert ``batch``; per-record refusals come back as ``Rejected``, and
+        Chroma's own failures are raised as ``Transient`` or ``Permanent``."""
         if not batch:
             return []
-        import numpy as np
+        try:
+            outcomes = self._deliver(batch)
+        except Exception as exc:
+            failure = chroma_failure(exc)
+            if failure is None:
+                raise
+            raise failure from exc
+        delivered = sum(isinstance(outcome, Delivered) for outcome in outcomes.values())
+        log.debug("%s: %d of %d records delivered", self.name, delivered, len(outcomes))
+        return [outcomes[record.key] for record in batch]
 
+    def _deliver(self, batch: Sequence[Record]) -> dict[str, Outcome]:
         *_, step = self._open()  # before embedding: a store that is down fails fast
         outcomes: dict[str, Outcome] = {}
         todo: list[Record] = []
@@ -382,33 +164,43 @@ class ChromaSink:
                 todo.append(record)
             else:
                 outcomes[record.key] = Rejected("the content has no visible character to embed")
-        if todo:
-            vectors = self.embedder()([record.content for record in todo])
-            if len(vectors) != len(todo):
-                raise RuntimeError(
-                    f"the embedding function gave {len(vectors)} vectors for {len(todo)} texts"
-                )
-            ready: list[tuple[Record, Sequence[float]]] = []
-            for record, vector in zip(todo, vectors, strict=True):
-                problem = vector_problem(vector)
-                if problem:
-                    outcomes[record.key] = Rejected(problem)
-                else:
-                    ready.append((record, vector))
-            for start in range(0, len(ready), step):
-                chunk = ready[start : start + step]
-                self._call(
-                    "upsert",
-                    [record.key for record, _ in chunk],
-                    np.asarray([vector for _, vector in chunk], dtype=np.float32),
-                    [record.content for record, _ in chunk],
-                    [chroma_metadata(record) for record, _ in chunk],
-                )
-                for record, _ in chunk:
-                    outcomes[record.key] = Delivered(record.key)
-        delivered = sum(isinstance(outcome, Delivered) for outcome in outcomes.values())
-        log.debug("%s: %d of %d records delivered", self.name, delivered, len(outcomes))
-        return [outcomes[record.key] for record in batch]
+        ready = self._embedded(todo, outcomes)
+        for start in range(0, len(ready), step):
+            self._upsert(ready[start : start + step])
+            for record, _ in ready[start : start + step]:
+                outcomes[record.key] = Delivered(record.key)
+        return outcomes
+
+    def _embedded(
+        self, todo: list[Record], outcomes: dict[str, Outcome]
+    ) -> list[tuple[Record, Sequence[float]]]:
+        """Each record with its vector; a record whose vector is unusable is rejected."""
+        if not todo:
+            return []
+        vectors = self.embedder()([record.content for record in todo])
+        if len(vectors) != len(todo):
+            raise RuntimeError(
+                f"the embedding function gave {len(vectors)} vectors for {len(todo)} texts"
+            )
+        ready: list[tuple[Record, Sequence[float]]] = []
+        for record, vector in zip(todo, vectors, strict=True):
+            problem = vector_problem(vector)
+            if problem:
+                outcomes[record.key] = Rejected(problem)
+            else:
+                ready.append((record, vector))
+        return ready
+
+    def _upsert(self, chunk: list[tuple[Record, Sequence[float]]]) -> None:
+        import numpy as np
+
+        self._call(
+            "upsert",
+            [record.key for record, _ in chunk],
+            np.asarray([vector for _, vector in chunk], dtype=np.float32),
+            [record.content for record, _ in chunk],
+            [chroma_metadata(record) for record, _ in chunk],
+        )
 
     def search(
         self, query: str, n_results: int = 5, where: Mapping[str, Any] | None = None

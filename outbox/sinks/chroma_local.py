@@ -29,6 +29,8 @@ from typing import IO, Any
 
 import outbox
 from outbox.errors import OutboxError
+from outbox.sinks.base import Transient
+from outbox.states import FailureReason
 
 OWNER_LOCK = "outbox-owner.lock"
 OPS = frozenset({"open", "upsert", "query", "count"})
@@ -43,15 +45,20 @@ _READY = ("ok", "ready")
 
 
 class ChromaStalled(TimeoutError):
-    """The embedded Chroma did not answer in time (a lock held elsewhere, a slow disk)."""
+    """The embedded Chroma did not answer in time (a lock held elsewhere, a slow disk): a
+    TimeoutError, so the record is retried as a ``timeout``."""
 
 
 class ChromaChildGone(OutboxError):
-    """The embedded Chroma process exited; the next call starts a new one."""
+    """The embedded Chroma process exited; the next call starts a new one (meanwhile the
+    record is retried as ``unknown``)."""
 
 
-class StoreOwned(OutboxError):
-    """Another process has the store folder open (its text reads as a busy database)."""
+class StoreOwned(Transient, OutboxError):
+    """Another process has the store folder open: a busy database, retried until it closes."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, FailureReason.DB_BUSY)
 
 
 def _frame(value: object) -> bytes:
@@ -243,7 +250,7 @@ def _read_exactly(stream: IO[bytes], size: int) -> bytes | None:
 
 
 def _portable(exc: Exception) -> Exception:
-    """The exception itself when it survives pickling (its class drives classification)."""
+    """The exception itself when it survives pickling (the sink classifies it by class)."""
     try:
         pickle.loads(pickle.dumps(exc))
     except Exception:
@@ -255,7 +262,7 @@ def serve(path: Path, requests: IO[bytes], replies: IO[bytes]) -> None:
     """Answer framed ``(op, args)`` requests until the parent closes our input."""
     import chromadb
 
-    from outbox.sinks.chroma import CollectionOps
+    from outbox.sinks.chroma_client import CollectionOps
 
     ownership = _Ownership(path)
     ops: CollectionOps | None = None

@@ -8,8 +8,9 @@
   instance).
 
 The classes here follow Chroma's ``EmbeddingFunction`` protocol structurally instead of
-subclassing it, so importing this module does not import chromadb (0.7 s); numpy, onnxruntime
-and tokenizers load only when a model is built. One instance per setting is kept per process.
+subclassing it, so importing this module does not import chromadb (a slow import); numpy,
+onnxruntime and tokenizers load only when a model is built. One instance per setting is kept
+per process.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import threading
 from collections.abc import Sequence
 from itertools import pairwise
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
 
 from outbox.errors import ConfigError, OutboxError
 
@@ -126,13 +127,25 @@ class _BuiltinEmbedding:
     def is_legacy(self) -> bool:
         return False
 
+    def __call__(self, input: list[str]) -> list[Vector]:
+        raise NotImplementedError
+
+    def embed_query(self, input: list[str]) -> list[Vector]:
+        return self(input)
+
+    @classmethod
+    def build_from_config(cls, config: dict[str, Any]) -> Self:
+        """The process's one instance: chromadb rebuilds the function on every write, and a
+        fresh model each time would load it again and again."""
+        return shared(cls)
+
 
 class MiniLMEmbedding(_BuiltinEmbedding):
-    """all-MiniLM-L6-v2 int8 ONNX: 384-d unit vectors, equal to sentence-transformers' output
-    up to int8 rounding (cosine >= 0.999).
+    """all-MiniLM-L6-v2 int8 ONNX: unit vectors equal to sentence-transformers' output up to
+    int8 rounding.
 
-    Each run pads only to the longest text of its chunk (texts sorted by length), not to 256
-    tokens, which is what makes it 13x faster than Chroma's own ONNX MiniLM.
+    Each run pads only to the longest text of its chunk (texts sorted by length), not to the
+    model's limit, which is what makes it much faster than Chroma's own ONNX MiniLM.
     """
 
     def __init__(
@@ -187,9 +200,6 @@ class MiniLMEmbedding(_BuiltinEmbedding):
                 vectors[i] = pooled[row].astype(np.float32)
         return vectors
 
-    def embed_query(self, input: list[str]) -> list[Vector]:
-        return self(input)
-
     @staticmethod
     def name() -> str:
         return "outbox_minilm_l6_v2_int8"
@@ -197,18 +207,12 @@ class MiniLMEmbedding(_BuiltinEmbedding):
     def get_config(self) -> dict[str, Any]:
         return {"model_sha256": MODEL_SHA256, "max_tokens": MAX_TOKENS}
 
-    @staticmethod
-    def build_from_config(config: dict[str, Any]) -> MiniLMEmbedding:
-        """Memoised: chromadb calls this twice per write; a fresh ONNX session each time would
-        cost ~300 ms per write."""
-        return shared(MiniLMEmbedding)
-
 
 class HashingEmbedding(_BuiltinEmbedding):
     """FOR TESTS ONLY, never a fallback: used solely when ``OUTBOX_EMBEDDING=hashing``.
 
     Signed feature hashing of lowercase words and word pairs into 384 dimensions: fast and
-    deterministic, but lexical, so it cannot match a paraphrase (top-1 0.05 on chroma.md's probe).
+    deterministic, but lexical, so it cannot match a paraphrase (see docs/research/chroma.md).
     Text without a word gives the zero vector, which the Chroma sink refuses.
     """
 
@@ -226,19 +230,12 @@ class HashingEmbedding(_BuiltinEmbedding):
             vectors.append(vector / norm if norm else vector)
         return vectors
 
-    def embed_query(self, input: list[str]) -> list[Vector]:
-        return self(input)
-
     @staticmethod
     def name() -> str:
         return "outbox_hashing_384"
 
     def get_config(self) -> dict[str, Any]:
         return {}
-
-    @staticmethod
-    def build_from_config(config: dict[str, Any]) -> HashingEmbedding:
-        return shared(HashingEmbedding)
 
 
 def embedding_name(embedder: object) -> str:
@@ -266,11 +263,11 @@ def _import_embedding(spec: str) -> Embedder:
 
 _cache: dict[object, Any] = {}
 _cache_lock = threading.RLock()
-_BUILTIN: dict[str, type[MiniLMEmbedding] | type[HashingEmbedding]] = {
+_BUILTIN: dict[str, type[_BuiltinEmbedding]] = {
     MINILM: MiniLMEmbedding,
     HASHING: HashingEmbedding,
 }
-Built = TypeVar("Built", MiniLMEmbedding, HashingEmbedding)
+Built = TypeVar("Built", bound=_BuiltinEmbedding)
 
 
 def shared(cls: type[Built]) -> Built:
@@ -303,5 +300,6 @@ def register_with_chroma() -> None:
     )
 
     for cls in (MiniLMEmbedding, HashingEmbedding):
-        if known_embedding_functions.get(cls.name()) is not cls:
-            register_embedding_function(cls)
+        registered: object = known_embedding_functions.get(cls.name())
+        if registered is not cls:
+            register_embedding_function(cls)  # type: ignore[no-untyped-call]

@@ -6,9 +6,11 @@ loop in a thread of its own: one task owns the transport for the whole life of t
 and each tool call is a short task submitted to that loop. The calling thread only waits on
 futures, with a timeout on each, so nothing here can block a caller for longer than it asked.
 
-Failures come out as ordinary exceptions the dispatcher already classifies: ``TimeoutError``
-when the server is slow, ``ConnectionError("Transport closed …")`` when it went away. Their
-messages never carry tool arguments, so memory content cannot leak into logs through them.
+Failures come out classified: ``McpTimeout`` when the server is slow, ``McpTransportClosed``
+when it went away (MCP's -32000 included), each both a ``Transient`` and the stdlib's own
+timeout or connection error. A JSON-RPC error the server answers with is ``McpServerError``,
+for the caller to read. No message carries tool arguments, so memory content cannot leak
+into logs through them.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from mcp import types
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
+
+from outbox.sinks.base import Transient
+from outbox.states import FailureReason
 
 # stdio_client's own shutdown waits 0.5 s for a flush, 2 s for the server to exit after its
 # stdin closes, then terminates and kills it (2 s each): the handle waits a little longer.
@@ -50,22 +55,43 @@ class McpServerError(RuntimeError):
         self.code = code
 
 
+class McpTimeout(Transient, TimeoutError):
+    """The server did not answer in time."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, FailureReason.TIMEOUT)
+
+
+class McpTransportClosed(Transient, ConnectionError):
+    """The server went away (its process, its pipes, or MCP's -32000)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, FailureReason.TRANSPORT_CLOSED)
+
+
+def _timed_out(what: str, timeout: float) -> McpTimeout:
+    return McpTimeout(f"{what} timed out after {timeout:g}s")
+
+
+def _closed(text: str) -> McpTransportClosed:
+    return McpTransportClosed(f"Transport closed: {text}")
+
+
 def translate(exc: BaseException, what: str, timeout: float) -> Exception:
-    """The exception a caller should see for a failed request, named for classification."""
+    """The exception a caller should see for a failed request: MCP's and anyio's failures
+    classified, anything else as it came."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     if isinstance(exc, MCPError):
         if exc.code == mcp_types.REQUEST_TIMEOUT:
-            return TimeoutError(f"{what} timed out after {timeout:g}s")
+            return _timed_out(what, timeout)
         if exc.code == mcp_types.CONNECTION_CLOSED:
-            return ConnectionError(
-                f"Transport closed: {what} got MCP error -32000 Connection closed"
-            )
+            return _closed(f"{what} got MCP error -32000 Connection closed")
         return McpServerError(exc.code, exc.message)
     if isinstance(exc, TimeoutError):
-        return TimeoutError(f"{what} timed out after {timeout:g}s")
+        return _timed_out(what, timeout)
     if isinstance(exc, _TRANSPORT_ERRORS):
-        return ConnectionError(f"Transport closed: {what} failed ({type(exc).__name__})")
+        return _closed(f"{what} failed ({type(exc).__name__})")
     if isinstance(exc, Exception):
         return exc
     return RuntimeError(f"{what} failed ({type(exc).__name__})")
@@ -157,12 +183,11 @@ class StdioMcpClient:
         return dict(properties) if isinstance(properties, dict) else {}
 
     def call(self, tool: str, arguments: dict[str, Any], timeout: float) -> types.CallToolResult:
-        """Run ``tool`` and return its result (tool errors included); raise on transport
-        failure (``ConnectionError``), no answer in time (``TimeoutError``) or a JSON-RPC
-        error (``McpServerError``)."""
+        """Run ``tool`` and return its result (tool errors included); raise ``Transient`` on
+        transport failure or no answer in time, ``McpServerError`` on a JSON-RPC error."""
         session, loop = self._session, self._loop
         if session is None or loop is None or not self.alive:
-            raise ConnectionError(f"Transport closed: the MCP session for {tool} is not open")
+            raise _closed(f"the MCP session for {tool} is not open")
         future = asyncio.run_coroutine_threadsafe(
             session.call_tool(tool, arguments, read_timeout_seconds=timeout), loop
         )

@@ -3,11 +3,29 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, cast
 
 from outbox.config import Settings
 from outbox.errors import ConfigError
 from outbox.sinks.base import Sink
+
+
+def _has_sink_methods(target: object) -> bool:
+    return callable(getattr(target, "deliver", None)) and callable(getattr(target, "close", None))
+
+
+def adopt(sink: object, name: str) -> Sink:
+    """``sink`` under its configured ``name``, with ``semantic = False`` when it does not say
+    (only a vector index may let the lexical overlay drop records)."""
+    if not _has_sink_methods(sink):
+        raise ConfigError("OUTBOX_SINKS", f"{name!r} gives no object with deliver()/close()")
+    semantic = getattr(sink, "semantic", False)
+    if not isinstance(semantic, bool):
+        sink.semantic = bool(semantic)  # type: ignore[attr-defined]
+    elif not hasattr(sink, "semantic"):
+        sink.semantic = False  # type: ignore[attr-defined]
+    sink.name = name  # type: ignore[attr-defined]
+    return cast(Sink, sink)
 
 
 def load_sink(name: str, settings: Settings) -> Sink:
@@ -28,11 +46,8 @@ def load_sink(name: str, settings: Settings) -> Sink:
         raise ConfigError("OUTBOX_SINKS", f"cannot load sink {name!r}: {exc}") from None
     if hasattr(target, "from_settings"):
         sink = target.from_settings(settings)
-    elif callable(target) and not isinstance(target, Sink):
+    elif isinstance(target, type) or (callable(target) and not _has_sink_methods(target)):
         sink = target(settings)
     else:
         sink = target
-    if not isinstance(sink, Sink):
-        raise ConfigError("OUTBOX_SINKS", f"{name!r} gives no object with deliver()/close()")
-    sink.name = name
-    return sink
+    return adopt(sink, name)

@@ -1,1 +1,3 @@
-"""Sinks for fault injection and benchmarks: used beside the real sinks, never instead."""
+"""Test aids shipped with the package: the fault-injection and no-op sinks (``sinks``) and the
+sink conformance suite (``conformance``, which needs pytest). Importing this package loads
+neither, so an installation without pytest can still use the sinks."""

@@ -7,6 +7,7 @@ set by environment variables so they reach dispatcher subprocesses too:
 - ``OUTBOX_FAULTY_DB``: its database file (default ``<OUTBOX_HOME>/faulty-sink.db``)
 - ``OUTBOX_FAULTY_FAIL_RATE``: chance (0..1) that a record fails with a transient error
 - ``OUTBOX_FAULTY_ERROR``: the transient error text (default ``Transport closed``)
+- ``OUTBOX_FAULTY_REASON``: its reason class (default ``transport_closed``)
 - ``OUTBOX_FAULTY_NULL_RATE``: chance that a record comes back with no id (a false ack)
 - ``OUTBOX_FAULTY_REJECT``: records whose content contains this text are rejected for good
 - ``OUTBOX_FAULTY_HANG``: seconds each call sleeps before answering (a hung server)
@@ -24,11 +25,14 @@ from pathlib import Path
 
 from outbox.config import Settings
 from outbox.record import Record
-from outbox.sinks.base import Delivered, NotDelivered, Outcome, Rejected
+from outbox.sinks.base import Delivered, NotDelivered, Outcome, Rejected, Transient
+from outbox.states import FailureReason
 
 
 class FaultySink:
     """Stores records by key (idempotent upsert) and injects the configured faults."""
+
+    semantic: bool = False
 
     def __init__(
         self,
@@ -50,6 +54,9 @@ class FaultySink:
             float(env.get("OUTBOX_FAULTY_NULL_RATE", "0") or 0) if null_rate is None else null_rate
         )
         self.error_text = env.get("OUTBOX_FAULTY_ERROR", "Transport closed")
+        self.error_reason = FailureReason(
+            env.get("OUTBOX_FAULTY_REASON") or FailureReason.TRANSPORT_CLOSED
+        )
         self.reject = env.get("OUTBOX_FAULTY_REJECT") or None
         self.hang = float(env.get("OUTBOX_FAULTY_HANG", "0") or 0) if hang is None else hang
         self._released = threading.Event()
@@ -81,7 +88,7 @@ class FaultySink:
             if self.reject and self.reject in record.content:
                 outcomes.append(Rejected("content rejected by the faulty sink"))
             elif self.random.random() < self.fail_rate:
-                outcomes.append(ConnectionError(self.error_text))
+                outcomes.append(Transient(self.error_text, self.error_reason))
             elif self.random.random() < self.null_rate:
                 keep.append(record)  # stored, but the reply carries no id: not a delivery
                 outcomes.append(NotDelivered("chunk_id: null"))
@@ -116,6 +123,8 @@ def faulty_sink(settings: Settings) -> FaultySink:
 
 class NoopSink:
     """Acknowledges every record at once: the dispatcher's own cost, with no sink behind it."""
+
+    semantic: bool = False
 
     def __init__(self, _settings: Settings | None = None) -> None:
         self.name = "outbox.testing.sinks:NoopSink"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 from brainlayer import mcp as brainlayer_mcp
 from mcp import types
 from mcp.server.lowlevel.server import Server
