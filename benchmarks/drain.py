@@ -231,7 +231,7 @@ class _Writer:
         self.fallbacks = 0
         self.samples: list[float] = []
         self.lock_waits: list[float] = []
-        lock = self.outbox.writer.lock
+        lock = self.outbox.mirrors.lock
         hold = lock.hold
 
         @contextlib.contextmanager
@@ -421,14 +421,13 @@ def dispatcher_share(settings: Settings, sink: Sink, records: int) -> dict[str, 
     hand-offs) is the dispatcher's overhead; the time inside is the sink's own embed and
     upsert. Both are taken from the same batches, so a busy neighbour slows both alike.
     """
-    from outbox.dispatch.dispatcher import Dispatcher
 
     prefill(settings, records, seed=21)
     sink.deliver([build_record("warm-up: connect and load the model before the clock")])
     timed = _TimedSink(sink)
     with open_outbox(settings) as outbox:
         name = settings.sinks[0]
-        with Dispatcher(outbox, sink_objects={name: timed}) as dispatcher:  # type: ignore[dict-item]
+        with outbox.dispatcher(sink_objects={name: timed}) as dispatcher:  # type: ignore[dict-item]
             tick = time.perf_counter()
             report = dispatcher.drain()
             wall = time.perf_counter() - tick

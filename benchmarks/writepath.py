@@ -10,7 +10,7 @@
   **litequeue** ``put`` and ``pop`` + ``done``. Both get ``PRAGMA synchronous`` set on their
   own connection to the level under test (persist-queue sets none and runs at SQLite's
   default, litequeue sets NORMAL), read back and reported, so every contender fsyncs alike.
-- The outbox's consumer side: ``Storage.claim`` + ``Storage.settle`` in batches of 64.
+- The outbox's consumer side: ``storage.deliveries.claim`` + ``settle`` in batches of 64.
 
 Contenders run in alternating rounds (see ``common.alternate``).
 """
@@ -194,7 +194,7 @@ def run(
         message = lq.pop()
         lq.done(message.message_id)
 
-    produced = outbox.storage.count_records()
+    produced = outbox.storage.records.count_records()
     with quiet_gc():
         results["persist-queue get+ack"] = summarize(*time_calls(pq_ack, produced))
         results["litequeue pop+done"] = summarize(*time_calls(lq_done, produced))
@@ -216,10 +216,12 @@ def _claim_settle(outbox: Any, rows: int) -> dict[str, float]:
         began = time.perf_counter()
         while True:
             tick = time.perf_counter()
-            claims = storage.claim(NOOP_SINK, "bench", CLAIM_BATCH, 60.0)
+            claims = storage.deliveries.claim(NOOP_SINK, "bench", CLAIM_BATCH, 60.0)
             if not claims:
                 break
-            storage.settle("bench", [(claim.delivery_id, claim.key) for claim in claims], [])
+            storage.deliveries.settle(
+                "bench", [(claim.delivery_id, claim.key) for claim in claims], []
+            )
             samples.append(time.perf_counter() - tick)
             sizes.append(len(claims))
         wall = time.perf_counter() - began
@@ -258,8 +260,9 @@ def breakdown(folder: Path, synchronous: str, calls: int) -> dict[str, float]:
     writer = outbox.writer
     outbox.prepare = timed("validate + key + slug", outbox.prepare)  # type: ignore[method-assign]
     writer.insert = timed("lookup + inserts", writer.insert)  # type: ignore[method-assign]
-    writer.jsonl.append = timed("JSONL line", writer.jsonl.append)  # type: ignore[method-assign]
-    writer.render_markdown = timed("render front matter", writer.render_markdown)  # type: ignore[method-assign]
+    mirrors = writer.mirrors
+    mirrors.jsonl.append = timed("JSONL line", mirrors.jsonl.append)  # type: ignore[method-assign]
+    mirrors.render_new = timed("render front matter", mirrors.render_new)  # type: ignore[method-assign]
     writer.commit = timed("commit", writer.commit)  # type: ignore[method-assign]
     writer.write_mirrors = timed("mirrors", writer.write_mirrors)  # type: ignore[method-assign]
     original_write_new = markdown.write_new

@@ -1,4 +1,4 @@
-"""``Outbox``: the library's front door (contract section 9).
+"""``Outbox``: the library's front door, which wires storage, mirrors, writer and fallback.
 
 Opening migrates the database and repairs the mirrors; ``add`` is the durable write; delivery
 (``drain``) loads the dispatcher and sinks only when called, so a process that only writes
@@ -7,6 +7,7 @@ never imports them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -20,21 +21,25 @@ from outbox.config import Settings, load_settings
 from outbox.errors import StoreFailed
 from outbox.fallback import UNAVAILABLE, FallbackQueue, failure_reason
 from outbox.folders import ensure_private_dir
-from outbox.mirror.jsonl import JsonlLog
-from outbox.mirror.lock import MirrorLock
-from outbox.mirror.repair import MirrorSync, RepairReport
-from outbox.mirror.verify import VerifyReport, verify
-from outbox.receipt import FALLBACK, Receipt, store_failed_text
+from outbox.mirror.mirrors import Mirrors
+from outbox.mirror.repair import RepairReport
+from outbox.mirror.verify import VerifyReport
+from outbox.operations import DeadLetters, status_report
+from outbox.receipt import Receipt, store_failed_text
 from outbox.record import DEFAULT_IMPORTANCE, Record, build_record
+from outbox.states import SETTLED, DeliveryState, ReceiptStatus
 from outbox.store import migrate
 from outbox.store.bounded import call_within
 from outbox.store.engine import make_engine
-from outbox.store.storage import STATES, Storage
+from outbox.store.storage import Storage
 from outbox.write import WRITE_MARGIN_SECONDS, Writer
 
 if TYPE_CHECKING:
-    from outbox.dispatch.dispatcher import DrainReport
-    from outbox.replay import ReplayReport
+    from outbox.dispatch.dispatcher import Dispatcher, DrainReport
+    from outbox.replay import Replayer, ReplayReport
+    from outbox.store.delivery_reads import DeliveryRow
+    from outbox.store.recall import RecentRow
+    from outbox.store.records import StoredRecord
 
 log = logging.getLogger(__name__)
 
@@ -51,21 +56,16 @@ class Outbox:
         self.engine = make_engine(settings, writer=True)
         self.reader = make_engine(settings, writer=False) if settings.is_sqlite else self.engine
         self.storage = Storage(self.engine, self.reader)
-        self.jsonl = JsonlLog(settings.jsonl_path)
-        self.lock = MirrorLock(settings.jsonl_path.with_name(settings.jsonl_path.name + ".lock"))
+        self.mirrors = Mirrors.from_settings(self.storage, settings)
         self.writer = Writer(
             self.storage,
+            self.mirrors,
             sinks=settings.sinks,
-            jsonl=self.jsonl,
-            lock=self.lock,
-            markdown_dir=settings.markdown_dir,
             origin=settings.mirror_id,
             busy_timeout=settings.busy_timeout,
         )
-        self.mirrors = MirrorSync(
-            self.storage, self.jsonl, settings.markdown_dir, settings.mirror_id
-        )
         self.fallback = FallbackQueue(settings.markdown_dir, settings.sinks)
+        self.dead = DeadLetters(self.storage, self.mirrors)
         self.last_repair: RepairReport | None = None
         self.last_import: ReplayReport | None = None
         self.unavailable: str | None = None
@@ -188,7 +188,7 @@ class Outbox:
             raise StoreFailed(store_failed_text(self.settings.sinks)) from None
         return Receipt(
             key=record.key,
-            status=FALLBACK,
+            status=ReceiptStatus.FALLBACK,
             duplicate=existed,
             markdown_path=path,
             timestamp=record.timestamp,
@@ -209,12 +209,19 @@ class Outbox:
         accepted = self.writer.insert(conn, record, time.time())
         return self.writer.receipt(accepted)
 
-    def add_listener(self, callback: Callable[[], object]) -> None:
-        """Call ``callback`` after every write in this process (wakes a local dispatcher)."""
+    def add_listener(self, callback: Callable[[], object]) -> Callable[[], None]:
+        """Call ``callback`` after every write in this process (wakes a local dispatcher);
+        returns what removes it again."""
         self._listeners.append(callback)
 
+        def remove() -> None:
+            with contextlib.suppress(ValueError):
+                self._listeners.remove(callback)
+
+        return remove
+
     def _notify(self) -> None:
-        for callback in self._listeners:
+        for callback in list(self._listeners):
             callback()
 
     # -- mirrors, status, verification ----------------------------------------------------
@@ -224,17 +231,17 @@ class Outbox:
         leftovers, enqueued records, delivery outcomes). ``full`` checks every record, not
         only those since the last repair."""
         self.import_fallback()
-        with self.lock.hold():
-            self.last_repair = self.mirrors.run(full=full)
+        self.last_repair = self.mirrors.repair(full=full)
         return self.last_repair
 
-    def import_fallback(self) -> ReplayReport:
-        """Bring this outbox's own fallback files in, once each (contract section 4a)."""
+    def _replayer(self) -> Replayer:
         from outbox.replay import Replayer
 
-        self.last_import = Replayer(self).import_own_fallback()
-        if self.last_import.imported:
-            self._notify()
+        return Replayer(self.storage, self.writer, self.fallback, self.settings, self._notify)
+
+    def import_fallback(self) -> ReplayReport:
+        """Bring this outbox's own fallback files in, once each."""
+        self.last_import = self._replayer().import_own_fallback()
         return self.last_import
 
     def replay(
@@ -245,53 +252,34 @@ class Outbox:
     ) -> ReplayReport:
         """Import pending fallback or legacy files from ``folder`` (default: the markdown
         folder); refuses above 100 pending files without a ``budget``."""
-        from outbox.replay import Replayer
-
-        return Replayer(self).replay_dir(folder or self.settings.markdown_dir, budget, progress)
-
-    def sync_delivery_mirrors(self) -> RepairReport:
-        """Write delivery outcomes (events, front matter) that are not yet mirrored."""
-        with self.lock.hold():
-            return self.mirrors.sync_deliveries()
+        return self._replayer().replay_dir(folder or self.settings.markdown_dir, budget, progress)
 
     def verify(self) -> VerifyReport:
-        with self.lock.hold():
-            return verify(
-                self.storage, self.jsonl, self.settings.markdown_dir, self.settings.mirror_id
-            )
+        return self.mirrors.verify()
 
     def status(self) -> dict[str, Any]:
-        counts = self.storage.counts()
-        oldest = self.storage.oldest_pending()
-        retrying = self.storage.retrying()
-        now = time.time()
-        sinks = list(dict.fromkeys([*self.settings.sinks, *counts]))
-        per_sink = {
-            sink: {
-                **counts.get(sink, dict.fromkeys(STATES, 0)),
-                "oldest_pending_age": round(now - oldest[sink], 3) if sink in oldest else None,
-                "retrying": retrying.get(sink, (0, None))[0],
-                "last_failure": retrying.get(sink, (0, None))[1],
-            }
-            for sink in sinks
-        }
-        return {
-            "records": self.storage.count_records(),
-            "sinks": per_sink,
-            "dead_letters": sum(entry["dead"] for entry in per_sink.values()),
-            # Never the password of a PostgreSQL URL: status output ends up in logs and issues.
-            "database": self.engine.url.render_as_string(hide_password=True),
-            "jsonl_path": str(self.settings.jsonl_path),
-            "markdown_dir": str(self.settings.markdown_dir),
-        }
+        """Counts per sink and state, oldest pending age, dead letters, where the files are."""
+        return status_report(self.storage, self.settings)
 
     # -- delivery -------------------------------------------------------------------------
 
-    def drain(self, timeout: float | None = None, **options: Any) -> DrainReport:
-        """Deliver what is due to every sink, then return (loads sinks on first use)."""
+    def dispatcher(self, **options: Any) -> Dispatcher:
+        """A dispatcher for this outbox's sinks (loads them on first use). Writes of this
+        process wake it, and its maintenance rounds also import waiting fallback files."""
         from outbox.dispatch.dispatcher import Dispatcher
 
-        with Dispatcher(self, **options) as dispatcher:
+        return Dispatcher(
+            self.storage,
+            self.mirrors,
+            self.settings,
+            chores=[self.import_fallback],
+            local_writes=self.add_listener,
+            **options,
+        )
+
+    def drain(self, timeout: float | None = None, **options: Any) -> DrainReport:
+        """Deliver what is due to every sink, then return (loads sinks on first use)."""
+        with self.dispatcher(**options) as dispatcher:
             return dispatcher.drain(timeout=timeout)
 
     def wait_delivered(self, key: str, sink: str | None = None, timeout: float = 30.0) -> Receipt:
@@ -300,24 +288,26 @@ class Outbox:
         The receipt says ``stored`` only with the sink's concrete id, so a caller can report
         ``Stored in <Sink>: <id>`` honestly; otherwise it stays ``queued``.
         """
-        stored = self.storage.get_record(key)
+        stored = self.storage.records.get_record(key)
         if stored is None:
             raise KeyError(f"no record with key {key}")
         wanted = (sink,) if sink else None
         deadline = time.monotonic() + timeout
         pause = 0.01
         while True:
-            rows = self.storage.deliveries_for([key]).get(key, [])
+            rows = self.storage.deliveries.deliveries_for([key]).get(key, [])
             sinks = wanted or tuple(row.sink for row in rows)
             ids = {
-                row.sink: row.sink_id for row in rows if row.state == "delivered" and row.sink_id
+                row.sink: row.sink_id
+                for row in rows
+                if row.state == DeliveryState.DELIVERED and row.sink_id
             }
-            settled = {row.sink for row in rows if row.state in ("delivered", "dead", "discarded")}
+            settled = {row.sink for row in rows if row.state in SETTLED}
             if all(name in settled for name in sinks) or time.monotonic() >= deadline:
                 done = bool(sinks) and all(name in ids for name in sinks)
                 return Receipt(
                     key=key,
-                    status="stored" if done else "queued",
+                    status=ReceiptStatus.STORED if done else ReceiptStatus.QUEUED,
                     duplicate=False,
                     markdown_path=self.settings.markdown_dir / stored.markdown_name,
                     timestamp=stored.record.timestamp,
@@ -335,8 +325,7 @@ class Outbox:
 
     def close(self) -> None:
         self.writer.close()
-        self.lock.close()
-        self.jsonl.close()
+        self.mirrors.close()
         self.engine.dispose()
         if self.reader is not self.engine:
             self.reader.dispose()
@@ -346,3 +335,77 @@ class Outbox:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+    # -- operations: visibility and recall ------------------------------------------------
+    # What the command line, memory-core and the MCP server need, so that none of them has
+    # to reach into the store (dead letters: ``self.dead``, in operations.py).
+
+    def deliveries_of(self, keys: Iterable[str]) -> dict[str, list[DeliveryRow]]:
+        """Each named record's delivery rows, every sink and state: why it is late or dead."""
+        return self.storage.deliveries.deliveries_for(keys)
+
+    def markdown_path(self, key: str) -> Path | None:
+        """Where a record's markdown mirror lives (None: no such record), to point a reader
+        at the audit copy."""
+        stored = self.storage.records.get_record(key)
+        return None if stored is None else self.settings.markdown_dir / stored.markdown_name
+
+    def get_records(self, keys: Iterable[str]) -> dict[str, StoredRecord]:
+        """Records by key, so recall can turn ranked keys back into memories."""
+        return self.storage.records.get_records(keys)
+
+    def undelivered_count(self) -> int:
+        """Rows every sink still has to take (pending or leased): the work a drain faces,
+        without the rest of ``status``."""
+        from outbox.states import UNDELIVERED
+
+        counts = self.storage.deliveries.counts()
+        return sum(row.get(state, 0) for row in counts.values() for state in UNDELIVERED)
+
+    def pending_summary(self, sink: str) -> tuple[int, bool, float | None]:
+        """(rows ``sink`` still lacks, counted no further than a cap; whether the count hit
+        that cap; seconds since the oldest of them was written). Bounded, so every write can
+        report how far behind the sink is."""
+        from outbox.store.delivery_reads import PENDING_DEPTH_CAP
+
+        depth, oldest = self.storage.deliveries.pending_summary(sink)
+        age = None if oldest is None else time.time() - oldest
+        return depth, depth >= PENDING_DEPTH_CAP, age
+
+    def recent_memories(
+        self,
+        limit: int = 20,
+        *,
+        session_id: str | None = None,
+        agent: str | None = None,
+        before: tuple[str, str] | None = None,
+    ) -> list[RecentRow]:
+        """Newest memories first, from the graph each write commits, so a memory is
+        recallable as soon as ``add`` returns. ``before`` is the (timestamp, key) of the
+        previous page's last row: keyset paging stays stable while writes go on."""
+        return self.storage.recall.recent(
+            limit=limit, session_id=session_id, agent=agent, before=before
+        )
+
+    def pending_matches(
+        self,
+        query: str,
+        *,
+        limit: int,
+        vector_sink: str | None = None,
+        session_id: str | None = None,
+    ) -> list[tuple[str, float]]:
+        """(key, score), best first, of records ``vector_sink`` does not hold yet (every
+        record when None) that share words with ``query``: a fresh memory is found by its
+        words before any model has embedded it."""
+        return self.storage.recall.pending_matches(
+            query, vector_sink=vector_sink, limit=limit, session_id=session_id
+        )
+
+    @staticmethod
+    def fuse_rankings(rankings: list[list[str]]) -> list[tuple[str, float]]:
+        """One best-first (key, score) list from several (reciprocal rank fusion), so a
+        caller merging its own vector hits with ``pending_matches`` ranks as recall does."""
+        from outbox.store import recall
+
+        return recall.rrf(rankings)

@@ -1,4 +1,4 @@
-"""Settings: defaults < YAML file < environment < keyword overrides (contract section 6).
+"""Settings: defaults < YAML file < environment < keyword overrides (docs/configuration.md).
 
 Every value is checked here, before anything opens a file, so a bad setting is one clear error
 naming the setting and nothing is written.
@@ -164,59 +164,49 @@ def _gather(env: Mapping[str, str], overrides: Mapping[str, Any]) -> dict[str, t
     return raw
 
 
-def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-    """Resolve every setting; raise ConfigError naming the first bad one."""
-    raw = _gather(os.environ if env is None else env, overrides)
+_PATHS = ("jsonl_path", "markdown_dir", "chroma_path", "brainlayer_db")
+_TEXTS = ("db_url", "chroma_url", "chroma_collection", "brainlayer_mcp", "embedding", "mirror_id")
+_INT_LIMITS = {
+    "max_retries": (0, 1000),
+    "batch_size": (1, 5000),
+    "min_content_length": (1, 1_000_000),
+    "max_content_bytes": (1, 64 * 1_048_576),
+}
+_SECONDS_MINIMUM = {
+    "poll_interval": 0.01,
+    "retention": 0.0,
+    "busy_timeout": 0.0,
+    "lease_seconds": 1.0,
+    "sink_timeout": 0.1,
+}
 
-    def get(name: str) -> tuple[str, Any] | None:
-        return raw.get(name)
 
+def _typed(raw: dict[str, tuple[str, Any]]) -> dict[str, Any]:
+    """Each given setting converted to its type; ConfigError names the first bad one."""
     values: dict[str, Any] = {}
-    home = Path(str(get("home")[1])) if get("home") else Settings.home
-    values["home"] = home
-    for name in ("jsonl_path", "markdown_dir", "chroma_path", "brainlayer_db"):
-        if get(name):
-            values[name] = Path(str(get(name)[1]))
-    for name in (
-        "db_url",
-        "chroma_url",
-        "chroma_collection",
-        "brainlayer_mcp",
-        "embedding",
-        "mirror_id",
-    ):
-        if get(name):
-            values[name] = str(get(name)[1]).strip()
-    if get("sinks"):
-        values["sinks"] = _as_sinks(get("sinks")[1])
-    int_limits = {
-        "max_retries": (0, 1000),
-        "batch_size": (1, 5000),
-        "min_content_length": (1, 1_000_000),
-        "max_content_bytes": (1, 64 * 1_048_576),
-    }
-    for name, (low, high) in int_limits.items():
-        if get(name):
-            label, value = get(name)
-            values[name] = _as_int(label, value, low, high)
-    for name, minimum in (
-        ("poll_interval", 0.01),
-        ("retention", 0.0),
-        ("busy_timeout", 0.0),
-        ("lease_seconds", 1.0),
-        ("sink_timeout", 0.1),
-    ):
-        if get(name):
-            label, value = get(name)
-            values[name] = _as_seconds(label, value, minimum)
-    if get("synchronous"):
-        label, value = get("synchronous")
-        mode = str(value).strip().upper()
-        if mode not in SYNCHRONOUS_MODES:
-            raise ConfigError(
-                label, f"must be one of {', '.join(SYNCHRONOUS_MODES)}, got {value!r}"
-            )
-        values["synchronous"] = mode
+    for name, (label, value) in raw.items():
+        if name in _PATHS or name == "home":
+            values[name] = Path(str(value))
+        elif name in _TEXTS:
+            values[name] = str(value).strip()
+        elif name == "sinks":
+            values[name] = _as_sinks(value)
+        elif name in _INT_LIMITS:
+            values[name] = _as_int(label, value, *_INT_LIMITS[name])
+        elif name in _SECONDS_MINIMUM:
+            values[name] = _as_seconds(label, value, _SECONDS_MINIMUM[name])
+        elif name == "synchronous":
+            mode = str(value).strip().upper()
+            if mode not in SYNCHRONOUS_MODES:
+                raise ConfigError(
+                    label, f"must be one of {', '.join(SYNCHRONOUS_MODES)}, got {value!r}"
+                )
+            values[name] = mode
+    return values
+
+
+def _check_texts(values: dict[str, Any]) -> None:
+    """The text settings whose shape can be checked before anything is opened."""
     if "chroma_collection" in values and not re.fullmatch(
         r"[A-Za-z0-9][A-Za-z0-9._-]{1,510}[A-Za-z0-9]", values["chroma_collection"]
     ):
@@ -239,7 +229,13 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
             "OUTBOX_CHROMA_URL", f"expected http://host:port, got {values['chroma_url']!r}"
         )
 
+
+def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Resolve every setting; raise ConfigError naming the first bad one."""
+    values = _typed(_gather(os.environ if env is None else env, overrides))
+    _check_texts(values)
     settings = replace(Settings(), **values)
+    home = settings.home
     defaults: dict[str, Any] = {}
     if not settings.db_url:
         defaults["db_url"] = f"sqlite:///{home / 'outbox.db'}"

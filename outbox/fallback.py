@@ -1,9 +1,10 @@
-"""The fallback queue: where a write goes when the database cannot take it (contract 3, 5).
+"""The fallback queue: where a write goes when the database cannot take it.
 
-The file is the seed-000 markdown format, written atomically (temp file, fsync, rename, fsync
-of the folder) because it is then the only copy. Its name goes into a small append-only index
-in the same folder, so opening the outbox finds its own fallback files without scanning a
-folder that may hold a million mirror files, even while the database is unavailable.
+The file is the published markdown mirror format, written atomically (temp file, fsync,
+rename, fsync of the folder) because it is then the only copy. Its name goes into a small
+append-only index in the same folder, so opening the outbox finds its own fallback files
+without scanning a folder that may hold a million mirror files, even while the database is
+unavailable.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from sqlalchemy.exc import DBAPIError
 from outbox.errors import DatabaseTimeout, MirrorBusy
 from outbox.folders import ensure_private_dir
 from outbox.mirror import markdown
+from outbox.mirror.matter import initial
 from outbox.record import Record
 from outbox.slugs import markdown_filename
+from outbox.states import FallbackReason
 
 INDEX_NAME = ".outbox-fallback.idx"
 
@@ -42,31 +45,32 @@ _UNREACHABLE = (
 _UNREACHABLE_CODES = (errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH)
 
 
-def failure_reason(exc: BaseException) -> str:
+def failure_reason(exc: BaseException) -> FallbackReason:
     """The front-matter ``reason`` for a database that could not take a write (pure)."""
     if isinstance(exc, MirrorBusy):
-        return "db_busy"
+        return FallbackReason.DB_BUSY
     if isinstance(exc, DatabaseTimeout):
-        return "db_unreachable"
+        return FallbackReason.DB_UNREACHABLE
     text = str(getattr(exc, "orig", None) or exc).lower()
     code = getattr(exc, "errno", None)
     if any(sign in text for sign in _UNREACHABLE) or code in _UNREACHABLE_CODES:
-        return "db_unreachable"  # before "timeout": a connect timeout is not a busy lock
+        # Before "timeout": a connect timeout is not a busy lock.
+        return FallbackReason.DB_UNREACHABLE
     if "locked" in text or "busy" in text or "timeout" in text:
-        return "db_busy"
+        return FallbackReason.DB_BUSY
     if (
         "readonly" in text
         or "read-only" in text
         or code in (errno.EROFS, errno.EACCES, errno.EPERM)
     ):
-        return "readonly"
+        return FallbackReason.READONLY
     if "full" in text or code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        return "disk_full"
+        return FallbackReason.DISK_FULL
     if "not a database" in text or "malformed" in text:
-        return "corrupt"
+        return FallbackReason.CORRUPT
     if "unable to open" in text or "disk i/o" in text or code == errno.EIO:
-        return "io_error"
-    return "unknown"
+        return FallbackReason.IO_ERROR
+    return FallbackReason.UNKNOWN
 
 
 class FallbackQueue:
@@ -81,12 +85,7 @@ class FallbackQueue:
         return self.folder / INDEX_NAME
 
     def _front_matter(self, record: Record, reason: str) -> dict[str, object]:
-        matter = markdown.front_matter(
-            record,
-            intended_brain_store="brainlayer" in self.sinks,
-            reason=reason,
-            sink_states=dict.fromkeys(self.sinks, "pending"),
-        )
+        matter = initial(record, self.sinks, reason)
         matter["outbox_fallback"] = True
         if record.metadata:
             matter["metadata"] = dict(record.metadata)

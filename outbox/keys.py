@@ -1,4 +1,4 @@
-"""Record identity: the canonical timestamp and the idempotency key (contract section 2).
+"""Record identity: the canonical timestamp and the idempotency key.
 
 Pure functions only, so that property tests can pin the formula down exactly.
 """

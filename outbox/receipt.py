@@ -1,4 +1,4 @@
-"""What a write returns, and the only words the library uses to describe it (contract section 5).
+"""What a write returns, and the only words the library uses to describe it.
 
 ``stored`` appears only with a concrete id from a sink; everything else is ``queued`` or
 ``fallback``, whose texts say where the memory actually is.
@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-QUEUED, STORED, FALLBACK = "queued", "stored", "fallback"
-_DISPLAY = {"chroma": "Chroma", "brainlayer": "BrainLayer"}
+from outbox.states import BuiltinSink, ReceiptStatus
+
+_DISPLAY: dict[str, str] = {BuiltinSink.CHROMA: "Chroma", BuiltinSink.BRAINLAYER: "BrainLayer"}
 
 
 def display_name(sink: str) -> str:
@@ -25,7 +26,7 @@ def display_name(sink: str) -> str:
 @dataclass(frozen=True)
 class Receipt:
     key: str
-    status: str
+    status: ReceiptStatus
     duplicate: bool
     markdown_path: Path | None
     timestamp: str
@@ -35,13 +36,13 @@ class Receipt:
 
     @property
     def text(self) -> str:
-        if self.status == STORED:
+        if self.status == ReceiptStatus.STORED:
             return "; ".join(
                 f"Stored in {display_name(sink)}: {self.sink_ids[sink]}"
                 for sink in self.sinks
                 if sink in self.sink_ids
             )
-        if self.status == FALLBACK:
+        if self.status == ReceiptStatus.FALLBACK:
             pending = ", ".join(display_name(sink) for sink in self.sinks) or "outbox"
             return f"Queued to {self.markdown_path} pending {pending} recovery"
         waiting = [display_name(s) for s in self.sinks if s not in self.sink_ids]
@@ -50,7 +51,7 @@ class Receipt:
     def to_dict(self) -> dict[str, Any]:
         return {
             "key": self.key,
-            "status": self.status,
+            "status": str(self.status),
             "duplicate": self.duplicate,
             "markdown_path": str(self.markdown_path) if self.markdown_path else None,
             "timestamp": self.timestamp,

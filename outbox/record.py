@@ -53,7 +53,7 @@ def check_content(
     max_bytes: int = MAX_CONTENT_BYTES,
     field_name: str = "content",
 ) -> str:
-    """Reject what seed 001 calls the corrupted-memory class: empty, blank, too short, too big."""
+    """Reject a corrupted memory before it is stored: empty, blank, too short, too big."""
     if not isinstance(content, str):
         raise ValidationError(field_name, f"must be text, not {type(content).__name__}")
     if content == "":

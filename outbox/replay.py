@@ -1,7 +1,7 @@
-"""Import pending markdown files into the outbox (contract section 4a).
+"""Import pending markdown files into the outbox.
 
 Two sources: the outbox's own fallback files (found through the fallback index on every open)
-and folders of files the seed-000 skill left behind (``outbox replay DIR``). Each file stays
+and folders of files an earlier fallback skill left behind (``outbox replay DIR``). Each file stays
 where it is, under its own name, and becomes its record's markdown mirror; nothing is moved or
 deleted, and a file whose record is already in the outbox adds nothing.
 """
@@ -21,7 +21,10 @@ from outbox.mirror import markdown
 from outbox.record import DEFAULT_IMPORTANCE, Record, check_content, check_importance, check_tags
 
 if TYPE_CHECKING:
-    from outbox.api import Outbox
+    from outbox.config import Settings
+    from outbox.fallback import FallbackQueue
+    from outbox.store.storage import Storage
+    from outbox.write import Writer
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +71,7 @@ class Skip(Exception):
 
 
 def is_pending(matter: dict[str, Any]) -> bool:
-    """Seed 000's rule (intended for BrainLayer, no chunk id yet), plus our own fallback files."""
+    """The legacy rule (intended for BrainLayer, no chunk id yet), plus our own fallback files."""
     chunk = matter.get("chunk_id")
     empty_chunk = chunk is None or (isinstance(chunk, str) and not chunk.strip())
     if matter.get("outbox_fallback") is True:
@@ -118,19 +121,33 @@ def load_pending(path: Path, min_length: int, max_bytes: int) -> PendingFile | N
 
 
 class Replayer:
-    """Imports pending files into one open outbox."""
+    """Imports pending files through the writer, as records of this machine's mirrors.
 
-    def __init__(self, outbox: Outbox) -> None:
-        self.outbox = outbox
+    ``on_import`` runs after files were imported (the façade wakes a local dispatcher).
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        writer: Writer,
+        fallback: FallbackQueue,
+        settings: Settings,
+        on_import: Callable[[], object] = lambda: None,
+    ) -> None:
+        self.storage = storage
+        self.writer = writer
+        self.fallback = fallback
+        self.settings = settings
+        self.on_import = on_import
 
     def _name_for(self, path: Path) -> str:
         """Relative inside the markdown folder, absolute elsewhere (the file stays put)."""
-        folder = self.outbox.settings.markdown_dir.resolve()
+        folder = self.settings.markdown_dir.resolve()
         resolved = path.resolve()
         return resolved.name if resolved.parent == folder else str(resolved)
 
     def _load(self, paths: Iterable[Path], report: ReplayReport) -> list[PendingFile]:
-        settings = self.outbox.settings
+        settings = self.settings
         found: list[PendingFile] = []
         for path in paths:
             try:
@@ -153,10 +170,10 @@ class Replayer:
     ) -> list[PendingFile]:
         """Report files whose record the outbox already holds, and leave them out.
 
-        They stay pending by seed 000's rule (only BrainLayer fills ``chunk_id``), so counting
+        They stay pending by the legacy rule (only BrainLayer fills ``chunk_id``), so counting
         them would spend a ``--budget`` on nothing and, past 100, refuse every later replay.
         """
-        known = self.outbox.storage.get_records(item.record.key for item in files)
+        known = self.storage.records.get_records(item.record.key for item in files)
         fresh: list[PendingFile] = []
         for item in files:
             if item.record.key in known:
@@ -181,7 +198,7 @@ class Replayer:
                 else:
                     unique[item.record.key] = item
             adopted = {key: self._name_for(item.path) for key, item in unique.items()}
-            accepted = self.outbox.writer.commit([i.record for i in unique.values()], adopted)
+            accepted = self.writer.commit([i.record for i in unique.values()], adopted)
             for entry in accepted:
                 item = unique[entry.record.key]
                 (report.already if entry.duplicate else report.imported).append(str(item.path))
@@ -228,18 +245,19 @@ class Replayer:
             report.not_reached = len(files) - budget
             files = files[:budget]
         self.import_files(files, report, progress)
-        self.outbox._notify()
+        if report.imported:
+            self.on_import()
         return report
 
     def import_own_fallback(self) -> ReplayReport:
         """Bring this outbox's fallback files in, through the index (no folder scan)."""
         report = ReplayReport()
-        queue = self.outbox.fallback
-        with queue.claim_index() as paths:
+        with self.fallback.claim_index() as paths:
             existing = [path for path in paths if path.exists()]
             files = self._load(existing, report)
             report.pending = len(files)
             self.import_files(files, report)
         if report.imported:
             log.info("imported %d fallback records", len(report.imported))
+            self.on_import()
         return report

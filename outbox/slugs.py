@@ -1,4 +1,4 @@
-"""Markdown file names (contract section 3): supplied and derived slugs, length caps.
+"""Markdown file names: supplied and derived slugs, length caps.
 
 Pure functions: the same (content, instant, slug) always gives the same name, which is what
 stops a retried write from leaving a second file.
@@ -15,7 +15,7 @@ _HYPHENS = re.compile(r"-{2,}")
 
 
 def _keep_slug_chars(text: str) -> str:
-    if text.isalnum():  # most words: nothing to drop, and 10x cheaper than the scan
+    if text.isalnum():  # most words: nothing to drop, and far cheaper than the scan
         return text
     return "".join(ch for ch in text if ch == "-" or ch.isalnum())
 

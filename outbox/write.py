@@ -7,25 +7,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from sqlalchemy import Connection
 
-from outbox.errors import MirrorBusy
-from outbox.folders import ensure_private_dir
-from outbox.mirror import markdown
-from outbox.mirror.jsonl import JsonlLog, accepted_event
-from outbox.mirror.lock import MirrorLock
-from outbox.receipt import QUEUED, STORED, Receipt
+from outbox.group_commit import GroupCommit
+from outbox.mirror.mirrors import Mirrors
+from outbox.receipt import Receipt
 from outbox.record import Record
 from outbox.slugs import markdown_filename
+from outbox.states import DeliveryState, ReceiptStatus
 from outbox.store.bounded import call_within
-from outbox.store.storage import DELIVERED, Storage
+from outbox.store.storage import Storage
 from outbox.store.wakeup import notify
 
 log = logging.getLogger(__name__)
@@ -46,19 +41,6 @@ class Accepted:
     duplicate: bool
 
 
-@dataclass(eq=False)
-class _Ticket:
-    """One caller's records waiting to be committed, alone or in a group with others'."""
-
-    records: Sequence[Record]
-    deadline: float
-    done: threading.Event | None = None  # only a ticket that waits needs one
-    lead: bool = False
-    passed: bool = False  # this ticket led and handed the lead on
-    accepted: list[Accepted] | None = None
-    error: BaseException | None = None
-
-
 class Writer:
     """Commits records and writes their mirrors under the mirror lock.
 
@@ -70,44 +52,19 @@ class Writer:
     def __init__(
         self,
         storage: Storage,
+        mirrors: Mirrors,
         *,
         sinks: Sequence[str],
-        jsonl: JsonlLog,
-        lock: MirrorLock,
-        markdown_dir: Path,
         origin: str,
         busy_timeout: float,
     ) -> None:
         self.storage = storage
+        self.mirrors = mirrors
         self.sinks = tuple(sinks)
-        self.jsonl = jsonl
-        self.lock = lock
-        self.markdown_dir = markdown_dir
         self.origin = origin
         self.busy_timeout = busy_timeout
-        self._markdown_folder = str(markdown_dir)
-        self._folder_ready = False  # made once; a folder removed later is made again
+        self.queue: GroupCommit[Accepted] = GroupCommit(self._transact_group)
         self._connection: Connection | None = None
-        self._queue_lock = threading.Lock()
-        self._waiting: list[_Ticket] = []
-        self._leading = False
-
-    # -- naming ---------------------------------------------------------------------------
-
-    def _file_owner(self, path: Path) -> str | None:
-        """The key in an existing markdown file's front matter ("" when unreadable)."""
-        try:
-            matter, _ = markdown.read(path)
-        except FileNotFoundError:
-            return None
-        except (OSError, markdown.MalformedMarkdown):
-            return ""
-        return str(matter.get("key") or "")
-
-    def _taken_on_disk(self, name: str, key: str) -> bool:
-        """A file of that name exists and is not this record's (a legacy or foreign file)."""
-        path = os.path.join(self._markdown_folder, name)
-        return os.path.exists(path) and self._file_owner(Path(path)) != key
 
     # -- the transaction ------------------------------------------------------------------
 
@@ -120,19 +77,19 @@ class Writer:
         the record's mirror instead of a new one.
         """
         name = adopt or markdown_filename(record.timestamp, record.slug)
-        exists, taken = self.storage.lookup(conn, record.key, name)
+        exists, taken = self.storage.records.lookup(conn, record.key, name)
         if exists:
-            existing = self.storage.get_record(record.key, conn)
+            existing = self.storage.records.get_record(record.key, conn)
             assert existing is not None
             return Accepted(existing.record, None, existing.markdown_name, True)
-        if not adopt and (taken or self._taken_on_disk(name, record.key)):
-            # The contract's rule: never overwrite another key's file; add -<key8>.
+        if not adopt and (taken or self.mirrors.taken_on_disk(name, record.key)):
+            # Never overwrite another key's file: the record's name gets -<key8>.
             name = markdown_filename(record.timestamp, record.slug, collision_key=record.key)
-        seq = self.storage.insert_record(
+        seq = self.storage.records.insert_record(
             conn, record, sinks=self.sinks, markdown_name=name, origin=self.origin, now=now
         )
         if seq is None:  # lost a race with a writer that does not hold our mirror lock
-            existing = self.storage.get_record(record.key, conn)
+            existing = self.storage.records.get_record(record.key, conn)
             assert existing is not None
             return Accepted(existing.record, None, existing.markdown_name, True)
         return Accepted(record, seq, name, False)
@@ -150,92 +107,10 @@ class Writer:
         deadline = time.monotonic() + self.busy_timeout + WRITE_MARGIN_SECONDS
         if adopted:
             return self._transact(records, adopted, deadline)
-        ticket = _Ticket(records, deadline)
-        with self._queue_lock:
-            self._waiting.append(ticket)
-            if self._leading:
-                ticket.done = threading.Event()
-            else:
-                self._leading = ticket.lead = True
-        try:
-            if not ticket.lead:
-                self._wait_turn(ticket)
-            if ticket.lead:
-                self._lead(ticket)
-        except BaseException:
-            self._abandon(ticket)
-            raise
-        if ticket.error is not None:
-            raise ticket.error
-        assert ticket.accepted is not None
-        return ticket.accepted
+        return self.queue.submit(records, deadline)
 
-    def _wait_turn(self, ticket: _Ticket) -> None:
-        """Wait until a leader has committed this ticket or handed over the lead to it.
-
-        A ticket nobody has taken by its deadline leaves the queue and fails in time (the
-        caller falls back); one already taken waits for its group, whose leader is bounded.
-        """
-        assert ticket.done is not None
-        if ticket.done.wait(max(0.0, ticket.deadline - time.monotonic())):
-            return
-        with self._queue_lock:
-            if not ticket.lead and ticket in self._waiting:
-                self._waiting.remove(ticket)
-                raise MirrorBusy("other writers held the write queue past the write's time bound")
-        ticket.done.wait()
-
-    def _lead(self, own: _Ticket) -> None:
-        """Commit every queued ticket as one group, then pass the lead to the next in line.
-
-        The group's bound is its earliest deadline, so no caller in it waits past its own.
-        """
-        group: list[_Ticket] = []
-        try:
-            with self._queue_lock:
-                group, self._waiting = self._waiting, []
-            records = [record for ticket in group for record in ticket.records]
-            accepted = self._transact(records, {}, min(ticket.deadline for ticket in group))
-        except BaseException as exc:
-            for ticket in group or [own]:  # empty: interrupted before taking the queue
-                # Only the leader's own thread sees an interrupt (KeyboardInterrupt,
-                # SystemExit); the others' writes just did not commit, and fall back.
-                interrupted = ticket is not own and not isinstance(exc, Exception)
-                ticket.error = MirrorBusy("its group was interrupted") if interrupted else exc
-        else:
-            start = 0
-            for ticket in group:
-                ticket.accepted = accepted[start : start + len(ticket.records)]
-                start += len(ticket.records)
-        finally:
-            own.passed = True
-            with self._queue_lock:
-                if own in self._waiting:  # interrupted before taking the queue
-                    self._waiting.remove(own)
-                self._pass_lead()
-            for ticket in group:
-                if ticket.done is not None:
-                    ticket.done.set()
-
-    def _pass_lead(self) -> None:
-        """Wake the first waiting ticket as the next leader, or mark nobody leading.
-        Call with the queue lock held."""
-        if self._waiting:
-            successor = self._waiting[0]
-            successor.lead = True
-            assert successor.done is not None
-            successor.done.set()
-        else:
-            self._leading = False
-
-    def _abandon(self, ticket: _Ticket) -> None:
-        """An interrupted caller leaves the queue, and hands on a lead it never used."""
-        with self._queue_lock:
-            if ticket in self._waiting:
-                self._waiting.remove(ticket)
-            if ticket.lead and not ticket.passed:
-                ticket.passed = True
-                self._pass_lead()
+    def _transact_group(self, records: Sequence[Record], deadline: float) -> list[Accepted]:
+        return self._transact(records, {}, deadline)
 
     def _transact(
         self, records: Sequence[Record], adopted: dict[str, str], deadline: float
@@ -254,7 +129,7 @@ class Writer:
     def _transact_here(
         self, records: Sequence[Record], adopted: dict[str, str], deadline: float
     ) -> list[Accepted]:
-        with self.lock.hold(deadline):
+        with self.mirrors.hold(deadline):
             now = time.time()
             with self._transaction(deadline) as conn:
                 accepted = [
@@ -274,8 +149,8 @@ class Writer:
         """A transaction whose wait for the database lock ends by ``deadline`` (less the
         margin for statements and mirrors), whatever waiting for the mirror lock used.
 
-        SQLite runs it on the writer's own connection, kept between writes: a pool checkout
-        and return per write cost about 30 µs. Only the thread holding the mirror lock uses
+        SQLite runs it on the writer's own connection, kept between writes, which saves a pool
+        checkout and return per write. Only the thread holding the mirror lock uses
         it; one that saw an error is dropped and the next write opens another. PostgreSQL
         keeps the pool, whose pre-ping notices a restarted server.
         """
@@ -314,14 +189,6 @@ class Writer:
 
     # -- mirrors --------------------------------------------------------------------------
 
-    def render_markdown(self, record: Record, states: dict[str, str] | None = None) -> bytes:
-        matter = markdown.front_matter(
-            record,
-            intended_brain_store="brainlayer" in self.sinks,
-            sink_states=states or dict.fromkeys(self.sinks, "pending"),
-        )
-        return markdown.render(matter, record.content)
-
     def write_mirrors(
         self, accepted: Sequence[Accepted], skip_markdown: set[str] | None = None
     ) -> list[Accepted]:
@@ -337,38 +204,22 @@ class Writer:
         except OSError as exc:
             log.warning("markdown mirror write failed (%s); repair will restore it", exc.strerror)
         final.extend(accepted[len(final) :])
-        if not final:
-            return final
         try:
-            self.jsonl.append(
-                [
-                    accepted_event(item.record, item.seq or 0, item.markdown_name, list(self.sinks))
-                    for item in final
-                ]
+            self.mirrors.append_accepted(
+                [(item.record, item.seq or 0, item.markdown_name) for item in final]
             )
         except OSError as exc:
             log.warning("JSONL mirror append failed (%s); repair will restore it", exc.strerror)
         return final
 
-    def _write_new(self, name: str, data: bytes) -> bool:
-        if not self._folder_ready:
-            ensure_private_dir(self.markdown_dir)
-            self._folder_ready = True
-        path = os.path.join(self._markdown_folder, name)
-        try:
-            return markdown.write_new(path, data)
-        except FileNotFoundError:  # the folder was removed since: make it again
-            ensure_private_dir(self.markdown_dir)
-            return markdown.write_new(path, data)
-
     def _create_markdown(self, item: Accepted) -> Accepted:
         """Create the record's file. If another key's file took the name after the
         transaction chose it (a fallback file written meanwhile, outside the mirror lock),
         move the record to its ``-<key8>`` name rather than leave it without a file."""
-        data = self.render_markdown(item.record)
-        if self._write_new(item.markdown_name, data):
+        data = self.mirrors.render_new(item.record)
+        if self.mirrors.create_file(item.markdown_name, data):
             return item
-        owner = self._file_owner(Path(self._markdown_folder) / item.markdown_name)
+        owner = self.mirrors.owner_of(item.markdown_name)
         if owner in (item.record.key, ""):  # already ours, or unreadable: repair's to judge
             return item
         record = item.record
@@ -376,11 +227,11 @@ class Writer:
         try:
             deadline = time.monotonic() + self.busy_timeout + WRITE_MARGIN_SECONDS
             with self._transaction(deadline) as conn:
-                self.storage.rename_markdown(conn, record.key, name)
+                self.storage.records.rename_markdown(conn, record.key, name)
         except Exception as exc:  # the record stands; verify will name the file
             log.warning("could not move a record off a taken file name (%s)", type(exc).__name__)
             return item
-        self._write_new(name, data)
+        self.mirrors.create_file(name, data)
         return replace(item, markdown_name=name)
 
     # -- receipts -------------------------------------------------------------------------
@@ -389,18 +240,22 @@ class Writer:
         sink_ids: dict[str, str] = {}
         if item.duplicate:
             try:
-                rows = self.storage.deliveries_for([item.record.key]).get(item.record.key, [])
+                rows = self.storage.deliveries.deliveries_for([item.record.key]).get(
+                    item.record.key, []
+                )
             except Exception:  # the write itself stands; only the extra detail is missing
                 rows = []
             sink_ids = {
-                row.sink: row.sink_id for row in rows if row.state == DELIVERED and row.sink_id
+                row.sink: row.sink_id
+                for row in rows
+                if row.state == DeliveryState.DELIVERED and row.sink_id
             }
         all_stored = bool(self.sinks) and all(sink in sink_ids for sink in self.sinks)
         return Receipt(
             key=item.record.key,
-            status=STORED if all_stored else QUEUED,
+            status=ReceiptStatus.STORED if all_stored else ReceiptStatus.QUEUED,
             duplicate=item.duplicate,
-            markdown_path=self.markdown_dir / item.markdown_name,
+            markdown_path=self.mirrors.path(item.markdown_name),
             timestamp=item.record.timestamp,
             sinks=self.sinks,
             sink_ids=sink_ids,

@@ -183,7 +183,7 @@ def test_chaos_loses_and_doubles_nothing(
     assert json.loads(drained.stdout)["ok"] is True
 
     with Outbox.open(settings) as ob:
-        db_keys = {item.record.key for item in ob.storage.iter_records()}
+        db_keys = {item.record.key for item in ob.storage.records.iter_records()}
         with ob.engine.connect() as conn:
             rows = conn.execute(
                 select(deliveries.c.record_key, deliveries.c.state, deliveries.c.sink_id)

@@ -67,22 +67,22 @@ def test_sigkilled_writer_loses_nothing_and_mirrors_come_back(
             assert report is not None
             if report.torn_bytes_cut or report.lines_appended or report.files_written:
                 repaired_rounds += 1
-            stored = ob.storage.get_records(returned)
+            stored = ob.storage.records.get_records(returned)
             assert set(stored) == set(returned), f"round {round_number}: a returned key is lost"
             check = ob.verify()
             assert check.ok, (round_number, check.problems)
-            assert check.records == check.markdown_files == ob.storage.count_records()
+            assert check.records == check.markdown_files == ob.storage.records.count_records()
     assert len(set(returned)) == len(returned)
     with Outbox.open(settings) as ob:
         accepted = Counter(
             str(line.event["key"])
-            for line in ob.jsonl.lines()
+            for line in ob.mirrors.jsonl.lines()
             if line.event.get("event") == "accepted"
         )
         assert set(accepted.values()) == {1}
         assert set(accepted) >= set(returned)
-        assert len(accepted) == ob.storage.count_records()
+        assert len(accepted) == ob.storage.records.count_records()
         assert len(list(settings.markdown_dir.glob("*.md"))) == len(accepted)
-        assert ob.jsonl.verify_chain() == []
+        assert ob.mirrors.jsonl.verify_chain() == []
     # Reported for the curious; not asserted, since where a kill lands is chance.
     print(f"{len(returned)} returned keys, repair had work in {repaired_rounds}/{ROUNDS} rounds")

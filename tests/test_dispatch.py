@@ -14,8 +14,9 @@ import yaml
 
 from outbox import Outbox, Settings
 from outbox.cli import main as cli_main
-from outbox.dispatch.dispatcher import Dispatcher
 from outbox.dispatch.retry import RetryPolicy
+from outbox.fallback import FallbackQueue
+from outbox.record import build_record
 from outbox.testing.sinks import FaultySink
 
 A = "outbox.testing.sinks:FaultySink"
@@ -28,7 +29,7 @@ def _front_matter(path: Path) -> dict[str, object]:
 
 
 def _events(ob: Outbox) -> list[dict[str, object]]:
-    return [line.event for line in ob.jsonl.lines()]
+    return [line.event for line in ob.mirrors.jsonl.lines()]
 
 
 def _wait_for(predicate: object, timeout: float = 30.0) -> bool:
@@ -46,12 +47,12 @@ def test_a_hung_sink_does_not_delay_another(settings: Settings, tmp_path: Path) 
     hung = FaultySink(tmp_path / "b.db", B, fail_rate=0, hang=50)
     with Outbox.open(settings) as ob:
         keys = [ob.add(f"memory {i} for two sinks").key for i in range(40)]
-        dispatcher = Dispatcher(ob, sink_objects={A: healthy, B: hung}, batch_size=10)
+        dispatcher = ob.dispatcher(sink_objects={A: healthy, B: hung}, batch_size=10)
         runner = threading.Thread(target=dispatcher.run, daemon=True)
         runner.start()
         try:
             assert _wait_for(lambda: len(healthy.stored()) == 40), "healthy sink starved"
-            counts = ob.storage.counts()
+            counts = ob.storage.deliveries.counts()
             assert counts[A]["delivered"] == 40
             # B's first batch is still inside its hung call, leased, not delivered.
             assert counts[B]["delivered"] == 0
@@ -69,12 +70,12 @@ def test_transient_failures_end_as_dead_letters(settings: Settings, tmp_path: Pa
     with Outbox.open(settings) as ob:
         receipt = ob.add("a memory whose sink keeps closing the transport")
         for _ in range(10):
-            with Dispatcher(ob, sink_objects={A: sink}, policy=FAST) as dispatcher:
+            with ob.dispatcher(sink_objects={A: sink}, policy=FAST) as dispatcher:
                 dispatcher.drain()
-            if ob.storage.counts()[A]["dead"]:
+            if ob.storage.deliveries.counts()[A]["dead"]:
                 break
             time.sleep(0.03)
-        (row,) = ob.storage.deliveries_for([receipt.key])[receipt.key]
+        (row,) = ob.storage.deliveries.deliveries_for([receipt.key])[receipt.key]
         assert row.state == "dead"
         assert row.attempts == 3  # the first try and max_retries=2 retries
         assert row.error_class == "transport_closed"
@@ -87,9 +88,9 @@ def test_transient_failures_end_as_dead_letters(settings: Settings, tmp_path: Pa
         assert ob.verify().ok
 
         # An operator requeues it; the sink has recovered; it is delivered once.
-        assert ob.storage.requeue_dead([receipt.key]) == 1
+        assert ob.storage.deliveries.requeue_dead([receipt.key]) == 1
         sink.fail_rate = 0.0
-        with Dispatcher(ob, sink_objects={A: sink}, policy=FAST) as dispatcher:
+        with ob.dispatcher(sink_objects={A: sink}, policy=FAST) as dispatcher:
             assert dispatcher.drain().ok
         assert sink.stored() == {receipt.key: 1}
         assert _front_matter(receipt.markdown_path)["sinks"] == {A: "delivered"}  # type: ignore[arg-type]
@@ -99,10 +100,10 @@ def test_a_reply_without_an_id_is_not_a_delivery(settings: Settings, tmp_path: P
     sink = FaultySink(tmp_path / "n.db", A, null_rate=1.0)
     with Outbox.open(settings) as ob:
         receipt = ob.add("the sink answers chunk_id: null for this one")
-        with Dispatcher(ob, sink_objects={A: sink}, policy=FAST) as dispatcher:
+        with ob.dispatcher(sink_objects={A: sink}, policy=FAST) as dispatcher:
             report = dispatcher.drain()
         assert not report.ok
-        (row,) = ob.storage.deliveries_for([receipt.key])[receipt.key]
+        (row,) = ob.storage.deliveries.deliveries_for([receipt.key])[receipt.key]
         assert row.state == "pending"
         assert row.error_class == "queued_null_chunk"
         assert row.sink_id is None
@@ -134,13 +135,13 @@ def test_expired_lease_is_taken_over_and_the_old_owner_cannot_settle(
 ) -> None:
     with Outbox.open(settings) as ob:
         receipt = ob.add("claimed by a dispatcher that then died")
-        (claim,) = ob.storage.claim(A, "dead-owner", 10, lease_seconds=1.0)
-        assert ob.storage.claim(A, "other", 10, lease_seconds=1.0) == []  # live lease
+        (claim,) = ob.storage.deliveries.claim(A, "dead-owner", 10, lease_seconds=1.0)
+        assert ob.storage.deliveries.claim(A, "other", 10, lease_seconds=1.0) == []  # live lease
         time.sleep(1.1)
         assert ob.drain().ok
-        done, _ = ob.storage.settle("dead-owner", [(claim.delivery_id, "late-id")], [])
+        done, _ = ob.storage.deliveries.settle("dead-owner", [(claim.delivery_id, "late-id")], [])
         assert done == []
-        (row,) = ob.storage.deliveries_for([receipt.key])[receipt.key]
+        (row,) = ob.storage.deliveries.deliveries_for([receipt.key])[receipt.key]
         assert row.sink_id == f"faulty-{receipt.key[:16]}"
         assert row.attempts == 2
 
@@ -195,7 +196,7 @@ def test_a_sink_that_cannot_load_leaves_its_rows_untouched(settings: Settings) -
         report = ob.drain(timeout=10)
         assert not report.ok
         assert report.sinks[broken].last_error == "ConfigError"
-        (row,) = ob.storage.deliveries_for([receipt.key])[receipt.key]
+        (row,) = ob.storage.deliveries.deliveries_for([receipt.key])[receipt.key]
         assert (row.state, row.attempts, row.error_class) == ("pending", 0, None)
 
 
@@ -208,7 +209,7 @@ def test_a_failed_maintenance_round_does_not_stop_the_daemon(
     sink = FaultySink(tmp_path / "a.db", A, fail_rate=0, hang=0)
     rounds: list[str] = []
     with Outbox.open(settings) as ob:
-        dispatcher = Dispatcher(ob, sink_objects={A: sink}, batch_size=10)
+        dispatcher = ob.dispatcher(sink_objects={A: sink}, batch_size=10)
         original = dispatcher.maintain
 
         def flaky_maintain() -> int:
@@ -229,3 +230,56 @@ def test_a_failed_maintenance_round_does_not_stop_the_daemon(
             dispatcher.stop_event.set()
             runner.join(timeout=20)
             dispatcher.close()
+
+
+def test_a_write_in_this_process_wakes_the_daemon_until_it_closes(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The façade hands the dispatcher a way to be woken by this process's writes: with a
+    poll interval of ten minutes, only that wake-up can deliver in time. Once the dispatcher
+    is closed, writes no longer call into it."""
+    settings = replace(settings, poll_interval=600.0, retention=3600.0)
+    sink = FaultySink(tmp_path / "a.db", A, fail_rate=0, hang=0)
+    with Outbox.open(settings) as ob:
+        dispatcher = ob.dispatcher(sink_objects={A: sink})
+        woken: list[int] = []
+        original = dispatcher.wake
+
+        def counting_wake() -> None:
+            woken.append(1)
+            original()
+
+        dispatcher.wake = counting_wake  # type: ignore[method-assign]
+        runner = threading.Thread(target=dispatcher.run, daemon=True)
+        runner.start()
+        try:
+            time.sleep(0.2)  # the daemon is idle, waiting out its poll
+            key = ob.add("delivered because the write woke the daemon").key
+            assert _wait_for(lambda: key in sink.stored(), timeout=20)
+        finally:
+            dispatcher.stop_event.set()
+            runner.join(timeout=20)
+            dispatcher.close()
+        calls = len(woken)
+        assert calls >= 1
+        ob.add("written after the dispatcher closed")
+        assert len(woken) == calls
+
+
+def test_maintenance_runs_the_facades_chores_not_the_delivery_loop(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Importing fallback files is the façade's chore, run in maintenance rounds; a delivery
+    batch only mirrors its own outcomes."""
+    sink = FaultySink(tmp_path / "a.db", A, fail_rate=0, hang=0)
+    with Outbox.open(settings) as ob:
+        ob.add("one record to deliver")
+        FallbackQueue(settings.markdown_dir, settings.sinks).write(
+            build_record("a memory the database could not take"), "db_busy"
+        )
+        with ob.dispatcher(sink_objects={A: sink}) as dispatcher:
+            assert dispatcher.workers[A].run_batch() == 1
+            assert ob.fallback.pending_count() == 1  # the delivery loop left it alone
+            dispatcher.maintain()
+            assert ob.fallback.pending_count() == 0
+        assert ob.storage.records.count_records() == 2

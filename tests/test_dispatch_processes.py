@@ -70,13 +70,13 @@ def test_two_dispatchers_and_a_sigkill_lose_and_double_nothing(
     with Outbox.open(settings) as ob:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            counts = ob.storage.counts()[SINK]
+            counts = ob.storage.deliveries.counts()[SINK]
             if counts["delivered"] == total:
                 break
             time.sleep(0.2)
         second.send_signal(signal.SIGTERM)
         assert second.wait(timeout=60) == 0, second.stderr.read().decode() if second.stderr else ""
-        counts = ob.storage.counts()[SINK]
+        counts = ob.storage.deliveries.counts()[SINK]
         assert counts["delivered"] == total, counts
         assert counts["leased"] == 0 and counts["dead"] == 0
         with sqlite3.connect(sink_db) as conn:
@@ -85,7 +85,9 @@ def test_two_dispatchers_and_a_sigkill_lose_and_double_nothing(
         report = ob.verify()
         assert report.ok, report.problems
         delivered_lines = [
-            line.event["key"] for line in ob.jsonl.lines() if line.event.get("event") == "delivered"
+            line.event["key"]
+            for line in ob.mirrors.jsonl.lines()
+            if line.event.get("event") == "delivered"
         ]
         assert sorted(set(delivered_lines)) == sorted(keys)
 
@@ -121,18 +123,24 @@ def test_two_dispatchers_into_real_chroma_and_brainlayer_with_a_sigkill(
         first, second = _dispatcher(env), _dispatcher(env)
         with Outbox.open(real) as ob:
             deadline = time.monotonic() + 120
-            while sum(ob.storage.counts().get(s, {}).get("delivered", 0) for s in real.sinks) < 16:
+            while (
+                sum(
+                    ob.storage.deliveries.counts().get(s, {}).get("delivered", 0)
+                    for s in real.sinks
+                )
+                < 16
+            ):
                 assert time.monotonic() < deadline, "deliveries never started"
                 time.sleep(0.05)
             first.send_signal(signal.SIGKILL)
             first.wait(timeout=10)
             deadline = time.monotonic() + 240
-            while any(ob.storage.counts()[s]["delivered"] < total for s in real.sinks):
-                assert time.monotonic() < deadline, ob.storage.counts()
+            while any(ob.storage.deliveries.counts()[s]["delivered"] < total for s in real.sinks):
+                assert time.monotonic() < deadline, ob.storage.deliveries.counts()
                 time.sleep(0.2)
             second.send_signal(signal.SIGTERM)
             assert second.wait(timeout=60) == 0
-            rows = ob.storage.deliveries_for(r.key for r in receipts)
+            rows = ob.storage.deliveries.deliveries_for(r.key for r in receipts)
             assert ob.verify().ok
         collection = chromadb.HttpClient(host="127.0.0.1", port=server.port).get_collection(
             "agent-memory"

@@ -88,13 +88,13 @@ def _assert_recovered(settings: Settings, keys: list[str], total: int) -> None:
     """Reopen: every key exactly once in the database, the JSONL and the markdown folder."""
     with Outbox.open(settings) as ob:
         assert ob.unavailable is None
-        assert ob.storage.count_records() == total
+        assert ob.storage.records.count_records() == total
         for key in keys:
-            assert ob.storage.get_record(key) is not None, key
+            assert ob.storage.records.get_record(key) is not None, key
         assert ob.fallback.pending_count() == 0
         report = ob.verify()
         assert report.ok, report.problems
-        db_keys = {item.record.key for item in ob.storage.iter_records()}
+        db_keys = {item.record.key for item in ob.storage.records.iter_records()}
     accepted = accepted_counts(settings.jsonl_path)
     assert set(accepted) == db_keys and set(accepted.values()) == {1}
     by_key = files_by_key(settings.markdown_dir)
@@ -116,7 +116,7 @@ def test_time_spent_waiting_for_the_mirror_lock_is_taken_from_the_database_wait(
     ob = Outbox.open(settings)
     try:
         ob.add("a memory written before anything was locked")
-        other = MirrorLock(ob.lock.path)  # another open file: its flock excludes ours
+        other = MirrorLock(ob.mirrors.lock.path)  # another open file: its flock excludes ours
         held = threading.Event()
 
         def hold_mirror_lock() -> None:
@@ -184,7 +184,7 @@ def test_locked_database_falls_back_within_the_bound_then_imports_once(
             str(r.markdown_path) for r in receipts
         )
         for receipt, content in zip(receipts, contents, strict=True):
-            stored = ob.storage.get_record(receipt.key)
+            stored = ob.storage.records.get_record(receipt.key)
             assert stored is not None and stored.record.content == content
             assert receipt.markdown_path is not None
             assert stored.markdown_name == receipt.markdown_path.name
@@ -311,7 +311,8 @@ def test_importers_at_once_one_killed_lose_no_fallback_file(settings: Settings) 
     queue.write(early, "db_busy")
     with Outbox.open(settings, repair=False) as ob, queue.claim_index() as claimed:
         files = [load_pending(path, 1, 1 << 20) for path in claimed]
-        Replayer(ob).import_files([f for f in files if f], ReplayReport())
+        replayer = Replayer(ob.storage, ob.writer, ob.fallback, ob.settings)
+        replayer.import_files([f for f in files if f], ReplayReport())
         queue.write(late, "db_busy")
         other = subprocess.Popen(
             [sys.executable, "-c", CLAIMER, str(settings.markdown_dir)], stdout=subprocess.PIPE
@@ -324,8 +325,10 @@ def test_importers_at_once_one_killed_lose_no_fallback_file(settings: Settings) 
             other.wait(timeout=10)
             other.stdout.close()  # type: ignore[union-attr]
     with Outbox.open(settings) as ob:
-        assert ob.storage.get_record(early.key) is not None
-        assert ob.storage.get_record(late.key) is not None, "the late file was never imported"
+        assert ob.storage.records.get_record(early.key) is not None
+        assert ob.storage.records.get_record(late.key) is not None, (
+            "the late file was never imported"
+        )
         assert ob.fallback.pending_count() == 0
 
 
@@ -490,6 +493,6 @@ def test_both_paths_broken_claims_nothing(settings: Settings, tmp_path: Path) ->
                 ob.add("doomed memory")
             assert str(caught.value) == "Chroma store failed and fallback write failed"
         with Outbox.open(settings) as ob:
-            assert ob.storage.count_records() == 1
+            assert ob.storage.records.count_records() == 1
         assert len(markdown_files(settings.markdown_dir)) == 1
         assert not (settings.markdown_dir / INDEX_NAME).exists()

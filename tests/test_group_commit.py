@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy import event
 
 from outbox import Outbox, Receipt, Settings
-from outbox.receipt import FALLBACK, QUEUED
 from outbox.record import build_record
 from outbox.slugs import markdown_filename
+from outbox.states import ReceiptStatus
 
 TS = "2026-11-29T08:00:00.000000Z"
 
@@ -47,7 +47,7 @@ class Gate:
 
 
 def queued(ob: Outbox, count: int) -> Callable[[], bool]:
-    return lambda: len(ob.writer._waiting) >= count
+    return lambda: ob.writer.queue.waiting >= count
 
 
 def wait_until(condition: Callable[[], bool]) -> None:
@@ -73,7 +73,7 @@ def run_in_threads(
 
     threads = [threading.Thread(target=work, args=(n,)) for n in range(len(calls))]
     threads[0].start()
-    wait_until(lambda: ob.writer._leading)
+    wait_until(lambda: ob.writer.queue.leading)
     for thread in threads[1:]:
         thread.start()
     for thread in threads:
@@ -101,9 +101,9 @@ def test_writers_arriving_during_a_commit_share_the_next_transaction(ob: Outbox)
     receipts = add_in_threads(ob, [{"content": text} for text in texts])
 
     assert gate.commits == 2  # the first alone, the four that queued behind it together
-    assert [r.status for r in receipts] == [QUEUED] * 5
+    assert [r.status for r in receipts] == [ReceiptStatus.QUEUED] * 5
     assert not any(r.duplicate for r in receipts)
-    stored = {row.record.key: row.record.content for row in ob.storage.iter_records()}
+    stored = {row.record.key: row.record.content for row in ob.storage.records.iter_records()}
     assert stored == {r.key: text for r, text in zip(receipts, texts, strict=True)}
     lines = [json.loads(line) for line in ob.settings.jsonl_path.read_text().splitlines()]
     assert sorted(line["key"] for line in lines) == sorted(r.key for r in receipts)
@@ -123,7 +123,7 @@ def test_the_same_record_twice_in_one_group_is_one_record(ob: Outbox) -> None:
     assert len({r.key for r in twins}) == 1
     assert sorted(r.duplicate for r in twins) == [False, True, True]
     assert {r.markdown_path for r in twins} == {twins[0].markdown_path}
-    assert ob.storage.count_records() == 2
+    assert ob.storage.records.count_records() == 2
     assert len(list(ob.markdown_dir.glob("*.md"))) == 2
     assert ob.verify().ok
 
@@ -134,14 +134,16 @@ def test_a_failed_group_commit_sends_every_caller_in_it_to_the_fallback(ob: Outb
     receipts = add_in_threads(ob, [{"content": text} for text in texts])
 
     assert gate.commits == 2
-    assert receipts[0].status == QUEUED
-    assert [r.status for r in receipts[1:]] == [FALLBACK] * 3
+    assert receipts[0].status == ReceiptStatus.QUEUED
+    assert [r.status for r in receipts[1:]] == [ReceiptStatus.FALLBACK] * 3
     assert all(r.markdown_path.exists() for r in receipts[1:])
-    assert ob.storage.count_records() == 1
+    assert ob.storage.records.count_records() == 1
 
     gate.remove()
     assert len(ob.import_fallback().imported) == 3
-    assert {row.record.key for row in ob.storage.iter_records()} == {r.key for r in receipts}
+    assert {row.record.key for row in ob.storage.records.iter_records()} == {
+        r.key for r in receipts
+    }
     assert ob.verify().ok
 
 
@@ -152,17 +154,17 @@ def test_a_writer_queued_past_its_time_bound_falls_back_in_time(settings: Settin
         gate = Gate(ob, release.is_set)
         leader = threading.Thread(target=ob.add, args=("the slow leader",))
         leader.start()
-        wait_until(lambda: ob.writer._leading)
+        wait_until(lambda: ob.writer.queue.leading)
         started = time.monotonic()
         late = ob.add("a writer stuck behind the leader")
         waited = time.monotonic() - started
         release.set()
         leader.join(30)
-        assert late.status == FALLBACK
+        assert late.status == ReceiptStatus.FALLBACK
         assert late.markdown_path.exists()
         assert waited < 5  # its bound is 0.55 s; generous for a loaded machine
         assert gate.commits == 1
-        assert ob.storage.count_records() == 1
+        assert ob.storage.records.count_records() == 1
     finally:
         ob.close()
 
@@ -184,18 +186,18 @@ def test_an_interrupted_leader_sends_the_others_to_the_fallback_and_hands_on(ob:
     receipts, raised = run_in_threads(ob, calls)
 
     assert len(raised) == 1 and isinstance(next(iter(raised.values())), KeyboardInterrupt)
-    assert receipts[0].status == QUEUED
+    assert receipts[0].status == ReceiptStatus.QUEUED
     fallen = [r for n, r in receipts.items() if n != 0]
-    assert len(fallen) == 2 and all(r.status == FALLBACK for r in fallen)
-    assert not ob.writer._leading and not ob.writer._waiting
-    assert ob.add("the next write after the interrupt").status == QUEUED
+    assert len(fallen) == 2 and all(r.status == ReceiptStatus.FALLBACK for r in fallen)
+    assert not ob.writer.queue.leading and not ob.writer.queue.waiting
+    assert ob.add("the next write after the interrupt").status == ReceiptStatus.QUEUED
 
 
 def test_a_caller_interrupted_after_being_handed_the_lead_hands_it_on(ob: Outbox) -> None:
     """Otherwise the lead sat with a caller that had gone, and every later write in the
     process waited out its bound and fell back."""
     gate = Gate(ob, queued(ob, 2))
-    original = ob.writer._wait_turn
+    original = ob.writer.queue.wait_turn
     interrupted: list[BaseException] = []
     receipts: dict[int, Receipt] = {}
 
@@ -204,7 +206,7 @@ def test_a_caller_interrupted_after_being_handed_the_lead_hands_it_on(ob: Outbox
         if ticket.records[0].content.startswith("interrupted") and ticket.lead:
             raise KeyboardInterrupt
 
-    ob.writer._wait_turn = wait_then_interrupt  # type: ignore[method-assign]
+    ob.writer.queue.wait_turn = wait_then_interrupt  # type: ignore[method-assign]
 
     def work(number: int, text: str) -> None:
         try:
@@ -214,7 +216,7 @@ def test_a_caller_interrupted_after_being_handed_the_lead_hands_it_on(ob: Outbox
 
     leader = threading.Thread(target=work, args=(0, "the leader"))
     leader.start()
-    wait_until(lambda: ob.writer._leading)
+    wait_until(lambda: ob.writer.queue.leading)
     first = threading.Thread(target=work, args=(1, "interrupted as it takes the lead"))
     first.start()
     wait_until(queued(ob, 1))
@@ -224,10 +226,10 @@ def test_a_caller_interrupted_after_being_handed_the_lead_hands_it_on(ob: Outbox
         thread.join(30)
 
     assert len(interrupted) == 1
-    assert receipts[0].status == QUEUED and receipts[2].status == QUEUED
+    assert receipts[0].status == ReceiptStatus.QUEUED and receipts[2].status == ReceiptStatus.QUEUED
     assert gate.commits == 2
-    assert not ob.writer._leading and not ob.writer._waiting
-    assert ob.storage.count_records() == 2
+    assert not ob.writer.queue.leading and not ob.writer.queue.waiting
+    assert ob.storage.records.count_records() == 2
 
 
 def test_a_name_taken_by_a_fallback_file_during_the_commit_moves_the_record(ob: Outbox) -> None:
@@ -248,12 +250,12 @@ def test_a_name_taken_by_a_fallback_file_during_the_commit_moves_the_record(ob: 
     finally:
         event.remove(ob.storage.engine, "commit", create_foreign_file)
 
-    assert receipt.status == QUEUED
+    assert receipt.status == ReceiptStatus.QUEUED
     assert chosen.read_bytes() == foreign  # the other key's file is left alone
     assert receipt.markdown_path != chosen
     assert receipt.markdown_path.name.endswith(f"-{receipt.key[:8]}.md")
     assert receipt.markdown_path.read_bytes().endswith(content.encode())
-    stored = ob.storage.get_record(receipt.key)
+    stored = ob.storage.records.get_record(receipt.key)
     assert stored is not None and stored.markdown_name == receipt.markdown_path.name
     (line,) = [json.loads(raw) for raw in ob.settings.jsonl_path.read_text().splitlines()]
     assert line["markdown"] == receipt.markdown_path.name

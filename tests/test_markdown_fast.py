@@ -16,9 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from outbox.mirror import markdown
-from outbox.mirror.repair import markdown_state
+from outbox.mirror.matter import delivered as from_deliveries
+from outbox.mirror.matter import initial
 from outbox.record import build_record
-from outbox.store.storage import DeliveryRow
+from outbox.store.deliveries import DeliveryRow
 
 
 def dumped(matter: dict[str, Any]) -> str:
@@ -98,11 +99,7 @@ def test_keys_and_timestamps_are_written_as_the_dumper_writes_them(key: str, ts:
 
 def test_a_records_front_matter_takes_the_direct_path() -> None:
     record = build_record("a memory", tags=["decision", "storage"], importance=7)
-    matter = markdown.front_matter(
-        record,
-        intended_brain_store=True,
-        sink_states={"chroma": "pending", "outbox.testing.sinks:NoopSink": "pending"},
-    )
+    matter = initial(record, ["chroma", "brainlayer", "outbox.testing.sinks:NoopSink"])
     assert markdown._simple_front_matter(matter) == dumped(matter)
     row = DeliveryRow(
         delivery_id=1,
@@ -118,7 +115,7 @@ def test_a_records_front_matter_takes_the_direct_path() -> None:
         created_at=1.0,
         delivered_at=2.0,
     )
-    delivered = markdown_state(record, [row], intended_brain_store=True)
+    delivered = from_deliveries(record, [row])
     assert markdown._simple_front_matter(delivered) == dumped(delivered)
     rendered = markdown.render(delivered, "body")
     assert rendered == markdown.FENCE + dumped(delivered).encode() + markdown.FENCE + b"body"

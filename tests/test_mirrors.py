@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from outbox import Outbox, Settings, load_settings
 from outbox.mirror import markdown
+from outbox.mirror.matter import initial
 from outbox.record import build_record
 from tests.conftest import FAULTY
 
@@ -129,7 +130,7 @@ def test_rendered_file_loads_and_keeps_the_body(
     content: str, tags: list[str], importance: int
 ) -> None:
     record = build_record(content, importance=importance, tags=tags, timestamp=TS)
-    data = markdown.render(markdown.front_matter(record, intended_brain_store=True), content)
+    data = markdown.render(initial(record, ["brainlayer"]), content)
     matter, body = split_file(data)
     loaded = yaml.safe_load(matter)
     assert body == content.encode("utf-8")
@@ -157,7 +158,7 @@ def test_written_file_loads_and_keeps_the_body(
         loaded = yaml.safe_load(matter)
         assert loaded["tags"] == expected_tags(tags)
         assert loaded["key"] == receipt.key
-        (line,) = [line.event for line in ob.jsonl.lines()]
+        (line,) = [line.event for line in ob.mirrors.jsonl.lines()]
         assert line["content"] == content
         assert line["tags"] == expected_tags(tags)
         assert ob.verify().ok
@@ -273,7 +274,7 @@ def file_state(ob: Outbox) -> dict[str, bytes]:
 
 
 def accepted_keys(ob: Outbox) -> list[str]:
-    events = [line.event for line in ob.jsonl.lines()]
+    events = [line.event for line in ob.mirrors.jsonl.lines()]
     return [str(event["key"]) for event in events if event.get("event") == "accepted"]
 
 
@@ -306,7 +307,7 @@ def test_repair_restores_every_mirror_exactly_once(
         assert report.files_written == 1
         assert sorted(accepted_keys(ob)) == sorted(receipt.key for receipt in receipts)
         assert file_state(ob) == files_before
-        assert ob.jsonl.verify_chain() == []
+        assert ob.mirrors.jsonl.verify_chain() == []
         check = ob.verify()
         assert check.ok, check.problems
         assert (check.records, check.jsonl_lines, check.markdown_files) == (5, 5, 5)
@@ -410,6 +411,6 @@ def test_delivery_state_is_never_written_into_another_keys_file(outbox: Outbox) 
     foreign = b"---\nkey: another-key\nintended_brain_store: true\n---\nsomeone else\n"
     receipt.markdown_path.write_bytes(foreign)
     outbox.drain(timeout=30)
-    (row,) = outbox.storage.deliveries_for([receipt.key])[receipt.key]
+    (row,) = outbox.storage.deliveries.deliveries_for([receipt.key])[receipt.key]
     assert row.state == "delivered"
     assert receipt.markdown_path.read_bytes() == foreign

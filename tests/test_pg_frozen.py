@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from outbox import Outbox, load_settings
-from outbox.receipt import FALLBACK, QUEUED
+from outbox.states import ReceiptStatus
 from tests.conftest import FAULTY
 from tests.pg import unavailable
 
@@ -91,7 +91,7 @@ def test_a_server_that_stops_answering_sends_writes_to_the_fallback(
     )
     ob = Outbox.open(settings)
     before = ob.add("written while the server answers")
-    assert before.status == QUEUED
+    assert before.status == ReceiptStatus.QUEUED
     with frozen_server(pg_url):
         started = time.monotonic()
         during = ob.add("written while the server is stopped")
@@ -100,17 +100,17 @@ def test_a_server_that_stops_answering_sends_writes_to_the_fallback(
         late = Outbox.open(settings)
         open_took = time.monotonic() - started
         opened_during = late.add("written by an outbox opened while the server is stopped")
-    assert during.status == FALLBACK and during.reason == "db_unreachable"
+    assert during.status == ReceiptStatus.FALLBACK and during.reason == "db_unreachable"
     assert write_took <= BUSY + 0.5 + MARGIN
     assert open_took <= BUSY + 0.5 + MARGIN
     assert late.unavailable == "db_unreachable"
-    assert opened_during.status == FALLBACK
+    assert opened_during.status == ReceiptStatus.FALLBACK
     assert _helpers_done(), "a cut-off write never finished after the server came back"
     ob.close()
     late.close()
 
     with Outbox.open(settings) as again:
-        keys = [row.record.key for row in again.storage.iter_records()]
+        keys = [row.record.key for row in again.storage.records.iter_records()]
         assert sorted(keys) == sorted({before.key, during.key, opened_during.key})
         report = again.verify()
         assert report.ok, report.problems

@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from outbox import Outbox, Settings, StoreFailed, ValidationError
-from outbox.dispatch.dispatcher import Dispatcher
 from outbox.dispatch.retry import RetryPolicy
 from outbox.fallback import FallbackQueue
 from outbox.record import Record, build_record
@@ -81,10 +80,10 @@ def test_failure_paths_keep_content_out_of_logs_and_errors(
     # Imports, then deliveries that fail with the content in the sink's error text.
     with Outbox.open(settings) as ob:
         assert len(ob.last_import.imported) == 2  # type: ignore[union-attr]
-        with Dispatcher(ob, sink_objects={FAULTY: LeakySink()}, policy=PARKED) as dispatcher:
+        with ob.dispatcher(sink_objects={FAULTY: LeakySink()}, policy=PARKED) as dispatcher:
             dispatcher.drain()
-        assert ob.storage.counts()[FAULTY]["dead"] == 2
-        assert ob.storage.counts()[FAULTY]["pending"] == 1
+        assert ob.storage.deliveries.counts()[FAULTY]["dead"] == 2
+        assert ob.storage.deliveries.counts()[FAULTY]["pending"] == 1
         # Invalid input quoting the content: rejected without repeating it.
         for bad in (
             lambda: build_record(SECRET, max_bytes=32),
@@ -185,14 +184,14 @@ def test_files_are_0600_and_folders_0700(
         ob.add("a memory with a markdown mirror and a JSONL line")
         with held_write_lock(settings.home / "outbox.db"):
             assert ob.add("a memory that lands in a fallback file").status == "fallback"
-        with Dispatcher(ob, sink_objects={FAULTY: sink}) as dispatcher:  # front matter rewrite
+        with ob.dispatcher(sink_objects={FAULTY: sink}) as dispatcher:  # front matter rewrite
             dispatcher.drain()
         # The WAL and its index exist while a connection is open: check them now.
         during = _modes(settings.home)
     finally:
         ob.close()
     with Outbox.open(settings) as ob:  # imports the fallback file
-        assert ob.storage.count_records() == 2
+        assert ob.storage.records.count_records() == 2
     fallback_only = FallbackQueue(tmp_path / "fresh" / "queue", (FAULTY,))
     fallback_only.write(build_record("a fallback file in a folder nobody made"), "readonly")
     cli_home = tmp_path / "cli" / "home"

@@ -98,18 +98,18 @@ def test_replay_of_seed_000_files(settings: Settings, legacy: Path) -> None:
         assert matter == before_matter
 
     with Outbox.open(settings) as ob:
-        assert ob.storage.count_records() == len(PENDING)
+        assert ob.storage.records.count_records() == len(PENDING)
         for name, key in keys.items():
-            stored = ob.storage.get_record(key)
+            stored = ob.storage.records.get_record(key)
             assert stored is not None, name
             assert stored.markdown_name == name  # the file stays its record's mirror
             assert stored.record.content.encode("utf-8") == split_markdown(legacy / name)[1]
-        defaults = ob.storage.get_record(keys["2026-03-16-no-importance-no-tags.md"])
+        defaults = ob.storage.records.get_record(keys["2026-03-16-no-importance-no-tags.md"])
         assert defaults is not None and (defaults.record.importance, defaults.record.tags) == (
             5,
             (),
         )
-        quoted = ob.storage.get_record(keys["2026-03-14-quoted-timestamp.md"])
+        quoted = ob.storage.records.get_record(keys["2026-03-14-quoted-timestamp.md"])
         assert quoted is not None
         assert (quoted.record.importance, quoted.record.tags) == (8, ("decision", "storage"))
     assert accepted_counts(settings.jsonl_path) == dict.fromkeys(keys.values(), 1)
@@ -139,7 +139,7 @@ def test_replay_of_seed_000_files(settings: Settings, legacy: Path) -> None:
         assert f"skipped {legacy / name}: " in text
     assert settings.jsonl_path.read_bytes() == jsonl
     with Outbox.open(settings) as ob:
-        assert ob.storage.count_records() == len(PENDING)
+        assert ob.storage.records.count_records() == len(PENDING)
     verified = run_cli(["verify"], cwd=settings.home.parent, env=_env(settings))
     assert verified.returncode == 0, verified.stdout
 
@@ -184,7 +184,7 @@ def test_more_than_100_pending_files_need_a_budget(settings: Settings, tmp_path:
     assert "101" in str(report["refused"])
     assert _snapshot(folder) == original
     with Outbox.open(settings) as ob:
-        assert ob.storage.count_records() == 0
+        assert ob.storage.records.count_records() == 0
     assert accepted_counts(settings.jsonl_path) == {}
 
     code, report = _replay_json(settings, str(folder), "--budget", "40")
@@ -198,7 +198,7 @@ def test_more_than_100_pending_files_need_a_budget(settings: Settings, tmp_path:
     assert code == 0 and report["imported"] == [] and len(report["already_in_outbox"]) == 101  # type: ignore[arg-type]
 
     with Outbox.open(settings) as ob:
-        assert ob.storage.count_records() == 101
+        assert ob.storage.records.count_records() == 101
         assert ob.verify().ok
     counts = accepted_counts(settings.jsonl_path)
     assert len(counts) == 101 and set(counts.values()) == {1}

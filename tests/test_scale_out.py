@@ -123,10 +123,10 @@ def test_four_writers_four_dispatchers_one_killed(
             assert len(acknowledged) == WRITERS * PER_WRITER
             assert set(acknowledged.values()) == {"queued"}
             deadline = time.monotonic() + 240
-            while ob.storage.counts()["chroma"]["delivered"] < len(acknowledged):
-                assert time.monotonic() < deadline, ob.storage.counts()
+            while ob.storage.deliveries.counts()["chroma"]["delivered"] < len(acknowledged):
+                assert time.monotonic() < deadline, ob.storage.deliveries.counts()
                 time.sleep(0.2)
-            rows = ob.storage.deliveries_for(acknowledged)
+            rows = ob.storage.deliveries.deliveries_for(acknowledged)
             assert all(r[0].state == "delivered" and r[0].sink_id == k for k, r in rows.items())
             # What the killed dispatcher held was taken over after its lease and retried.
             taken_over = [rows[key][0] for key in held]

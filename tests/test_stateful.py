@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from outbox import Outbox, load_settings
-from outbox.dispatch.dispatcher import Dispatcher
 from outbox.dispatch.retry import RetryPolicy
 from outbox.fallback import INDEX_NAME, FallbackQueue
 from outbox.record import build_record
@@ -146,19 +145,21 @@ class OutboxLife(RuleBasedStateMachine):
     @rule(limit=st.integers(1, 8))
     def claim_and_vanish(self, limit: int) -> None:
         """A dispatcher claims rows and dies: its lease runs out in a millisecond."""
-        self._open().storage.claim(FAULTY, "a-dispatcher-that-died", limit, lease_seconds=0.001)
+        self._open().storage.deliveries.claim(
+            FAULTY, "a-dispatcher-that-died", limit, lease_seconds=0.001
+        )
 
     @rule()
     def deliver(self) -> None:
-        with Dispatcher(self._open(), sink_objects={FAULTY: self._sink()}, policy=EAGER) as d:
+        with self._open().dispatcher(sink_objects={FAULTY: self._sink()}, policy=EAGER) as d:
             d.drain()
 
     @rule(null_ack=st.booleans())
     def fail(self, null_ack: bool) -> None:
         """One batch against a sink that closes the transport, or acks with no id."""
         faults = {"null_rate": 1.0} if null_ack else {"fail_rate": 1.0}
-        with Dispatcher(
-            self._open(), sink_objects={FAULTY: self._sink(**faults)}, policy=EAGER
+        with self._open().dispatcher(
+            sink_objects={FAULTY: self._sink(**faults)}, policy=EAGER
         ) as d:
             d.workers[FAULTY].run_batch()
 
@@ -205,7 +206,7 @@ class OutboxLife(RuleBasedStateMachine):
         by_key = files_by_key(self.settings.markdown_dir)
         assert {key: len(files) for key, files in by_key.items()} == dict.fromkeys(db_keys, 1)
         for key, (content, _stamp) in self.acked.items():
-            stored = self.ob.storage.get_record(key)
+            stored = self.ob.storage.records.get_record(key)
             assert stored is not None and stored.record.content == content
         report = self.ob.verify()
         assert report.ok, report.problems

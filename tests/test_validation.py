@@ -113,7 +113,7 @@ def test_bad_input_through_python_writes_nothing(
             [{"content": "a valid record in the same batch"}, {"content": GOOD, **fields}]
         )
     assert snapshot(tmp_path) == before
-    assert strict.storage.count_records() == 1
+    assert strict.storage.records.count_records() == 1
 
 
 def assert_one_clear_line(stderr: bytes, *words: str) -> None:
@@ -254,6 +254,6 @@ def test_the_gate_runs_before_a_transaction(settings: Settings, tmp_path: Path) 
     with Outbox.open(settings) as ob:
         with pytest.raises(ValidationError):
             ob.add_many(["first good memory", "second good memory", ""])
-        assert ob.storage.count_records() == 0
-        assert ob.jsonl.size() == 0
+        assert ob.storage.records.count_records() == 0
+        assert ob.mirrors.jsonl.size() == 0
         assert not list(settings.markdown_dir.glob("*.md"))

@@ -24,7 +24,9 @@ TS = "2026-11-29T08:00:00.000000Z"
 
 
 def accepted_lines(ob: Outbox) -> list[dict[str, object]]:
-    return [line.event for line in ob.jsonl.lines() if line.event.get("event") == "accepted"]
+    return [
+        line.event for line in ob.mirrors.jsonl.lines() if line.event.get("event") == "accepted"
+    ]
 
 
 def markdown_files(ob: Outbox) -> list[Path]:
@@ -98,7 +100,7 @@ def test_repeat_returns_the_existing_record_marked_duplicate(outbox: Outbox) -> 
         first.timestamp,
     )
     assert_exactly_once(outbox, first.key)
-    stored = outbox.storage.get_record(first.key)
+    stored = outbox.storage.records.get_record(first.key)
     assert stored is not None
     assert (stored.record.importance, stored.record.tags) == (5, ("x",))  # first write wins
     assert table_count(outbox, deliveries) == 1
@@ -223,7 +225,7 @@ def test_any_program_of_adds_and_batches_keeps_each_record_once(
                 else:
                     assert not receipt.duplicate
                     seen[index] = receipt
-        assert ob.storage.count_records() == len(seen)
+        assert ob.storage.records.count_records() == len(seen)
         keys = [line["key"] for line in accepted_lines(ob)]
         assert sorted(keys) == sorted(receipt.key for receipt in seen.values())
         assert len(markdown_files(ob)) == len(seen)
@@ -275,7 +277,7 @@ def test_add_many_is_one_transaction_with_per_item_receipts(outbox: Outbox) -> N
     assert [receipt.duplicate for receipt in receipts] == [False, False, True, True]
     assert receipts[2].key == before.key
     assert receipts[3].key == receipts[1].key
-    assert outbox.storage.count_records() == 3
+    assert outbox.storage.records.count_records() == 3
     assert len(accepted_lines(outbox)) == 3
     assert len(markdown_files(outbox)) == 3
     assert outbox.verify().ok
@@ -288,12 +290,12 @@ def test_enqueue_commits_and_rolls_back_with_the_callers_transaction(outbox: Out
     with pytest.raises(Abort), outbox.engine.begin() as conn:
         rolled = outbox.enqueue(conn, "written inside a transaction that fails", timestamp=TS)
         raise Abort
-    assert outbox.storage.get_record(rolled.key) is None
+    assert outbox.storage.records.get_record(rolled.key) is None
     assert table_count(outbox, deliveries) == 0
 
     with outbox.engine.begin() as conn:
         kept = outbox.enqueue(conn, "written inside a transaction that commits", timestamp=TS)
-    assert outbox.storage.get_record(kept.key) is not None
+    assert outbox.storage.records.get_record(kept.key) is not None
     assert not outbox.verify().ok  # committed, not yet mirrored
     report = outbox.sync_mirrors()
     assert (report.lines_appended, report.files_written) == (1, 1)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ def encode(event: Mapping[str, Any], prev: str) -> bytes:
 
 
 def accepted_event(record: Any, seq: int, markdown_name: str, sinks: list[str]) -> dict[str, Any]:
-    """The one line every accepted record gets (contract section 4)."""
+    """The one ``accepted`` line every record gets, naming its key, content and files."""
     return {
         "event": "accepted",
         "key": record.key,
@@ -108,7 +108,7 @@ class JsonlLog:
             pos = start
         return 0
 
-    def append(self, events: list[Mapping[str, Any]]) -> None:
+    def append(self, events: Sequence[Mapping[str, Any]]) -> None:
         """Append events as chained lines in one write; undo a partial write."""
         if not events:
             return

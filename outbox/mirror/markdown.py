@@ -1,8 +1,8 @@
-"""The markdown mirror and fallback queue file (contract section 3).
+"""The markdown file format: YAML front matter, then the content byte for byte.
 
-A file is YAML front matter followed by the content byte for byte. Simple front matter (every
-record's own) is written directly; anything else goes through libyaml's safe dumper when
-present (about 5x faster than the pure-Python one).
+Simple front matter (every record's own) is written directly; anything else goes through
+libyaml's safe dumper when present, which is faster than the pure-Python one. What the front
+matter says is decided in ``mirror/matter.py``.
 """
 
 from __future__ import annotations
@@ -12,20 +12,18 @@ import functools
 import os
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
-
-from outbox.record import Record
 
 _BaseDumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 _BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class _FrontMatterDumper(_BaseDumper):  # type: ignore[misc,valid-type]
-    """Safe dumper that writes None as an empty value (``chunk_id:``), as seed 000 does."""
+    """Safe dumper that writes None as an empty value (``chunk_id:``), the published form."""
 
 
 _FrontMatterDumper.add_representer(
@@ -37,31 +35,6 @@ FENCE = b"---\n"
 
 class MalformedMarkdown(ValueError):
     """A file that is not front matter plus body; replay names it and moves on."""
-
-
-def front_matter(
-    record: Record,
-    *,
-    intended_brain_store: bool,
-    reason: str = "pending",
-    retry_attempted: bool = False,
-    chunk_id: str | None = None,
-    sink_states: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """The contract's keys in the contract's order, then per-sink state."""
-    matter: dict[str, Any] = {
-        "intended_brain_store": intended_brain_store,
-        "importance": record.importance,
-        "tags": list(record.tags),
-        "timestamp": record.timestamp,
-        "reason": reason,
-        "retry_attempted": retry_attempted,
-        "chunk_id": chunk_id,
-        "key": record.key,
-    }
-    if sink_states:
-        matter["sinks"] = dict(sink_states)
-    return matter
 
 
 def render(matter: Mapping[str, Any], content: str | bytes) -> bytes:
@@ -83,7 +56,10 @@ def render(matter: Mapping[str, Any], content: str | bytes) -> bytes:
 # ASCII letters, digits, "_", "." and "-", starting with a letter or digit, with single ":"
 # between such runs (a timestamp, a module:attr sink name). Anything else goes to yaml.dump.
 _SIMPLE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*(?::[A-Za-z0-9_.\-]+)*")
-_RESOLVER = yaml.resolver.Resolver()
+# PyYAML's stubs leave ``resolve`` untyped; this is its signature as used here.
+_resolve: Callable[[type[yaml.Node], str, tuple[bool, bool]], str] = (
+    yaml.resolver.Resolver().resolve
+)
 _STR_TAG = "tag:yaml.org,2002:str"
 _MAX_SIMPLE_KEY = 127  # PyYAML writes longer mapping keys in the explicit "? key" form
 
@@ -110,7 +86,7 @@ def _scalar(text: str, *, flow: bool) -> str | None:
 def _recurring_scalar(text: str, *, flow: bool) -> str | None:
     if not _SIMPLE.fullmatch(text):
         return None
-    reads_back = _RESOLVER.resolve(yaml.ScalarNode, text, (True, False)) == _STR_TAG
+    reads_back = _resolve(yaml.ScalarNode, text, (True, False)) == _STR_TAG
     plain = reads_back and not (flow and ":" in text)  # ":" is an indicator in [..] and {..}
     return text if plain else f"'{text}'"
 
@@ -145,8 +121,8 @@ def _simple_front_matter(matter: Mapping[str, Any]) -> str | None:
     simple strings (alone, in a list or in a string-to-string mapping), built directly; None
     for anything else.
 
-    About 5x faster than the dumper, whose Python representer costs 50-90 µs per file: a
-    tenth of a write, and a large part of each front-matter update a delivery makes.
+    The dumper's Python representer is a large part of each new file and of each
+    front-matter update a delivery makes (figures in docs/benchmarks.md).
     tests/test_markdown_fast.py checks the output is the dumper's, byte for byte.
     """
     if not any(type(value) in (list, dict) for value in matter.values()):
@@ -198,6 +174,23 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def _fill(fd: int, data: bytes, path: Path | str, *, fsync: bool) -> None:
+    """Write all of ``data`` to the new file ``fd`` and close it; on any failure, close it
+    and remove ``path``, so no partial file is left behind."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if fsync:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    os.close(fd)
+
+
 def write_new(path: Path | str, data: bytes) -> bool:
     """Create ``path`` 0600 with ``data`` unless it exists; returns whether it was created.
 
@@ -207,16 +200,7 @@ def write_new(path: Path | str, data: bytes) -> bool:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         return False
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        raise
-    os.close(fd)
+    _fill(fd, data, path, fsync=False)
     return True
 
 
@@ -230,18 +214,7 @@ def write_atomic(path: Path, data: bytes, *, exclusive: bool = False, durable: b
     # Per thread: two threads writing the same name must not share (and truncate) one temp.
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        if durable:
-            os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    os.close(fd)
+    _fill(fd, data, tmp, fsync=durable)
     try:
         if exclusive:
             try:

@@ -57,7 +57,7 @@ def verify(storage: Storage, jsonl: JsonlLog, markdown_dir: Path, mirror_id: str
         ):
             report.add(f"{jsonl.path}: line {number}: content or timestamp does not match its key")
         described[key] = (event.get("importance"), event.get("tags"))
-    for item in storage.iter_records(origin=mirror_id):
+    for item in storage.records.iter_records(origin=mirror_id):
         report.records += 1
         key = item.record.key
         count = accepted.pop(key, 0)

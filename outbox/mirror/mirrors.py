@@ -1,0 +1,140 @@
+"""``Mirrors``: one machine's audit copies of its records, behind one object.
+
+The lock, the JSONL log, the markdown folder, repair and verify are built once and handed to
+the writer, the dispatcher and the replayer, so each uses the same files under the same lock
+and none of them needs the façade.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from outbox.folders import ensure_private_dir
+from outbox.mirror import markdown, matter
+from outbox.mirror.jsonl import JsonlLog, accepted_event
+from outbox.mirror.lock import MirrorLock
+from outbox.mirror.repair import MirrorSync, RepairReport
+from outbox.mirror.verify import VerifyReport, verify
+from outbox.record import Record
+
+if TYPE_CHECKING:
+    from outbox.config import Settings
+    from outbox.store.storage import Storage
+
+log = logging.getLogger(__name__)
+
+
+class Mirrors:
+    """The JSONL log and markdown files of the records this machine wrote (``mirror_id``)."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        jsonl_path: Path,
+        markdown_dir: Path,
+        mirror_id: str,
+        sinks: Sequence[str],
+    ) -> None:
+        self.storage = storage
+        self.jsonl = JsonlLog(jsonl_path)
+        self.lock = MirrorLock(jsonl_path.with_name(jsonl_path.name + ".lock"))
+        self.markdown_dir = markdown_dir
+        self.mirror_id = mirror_id
+        self.sinks = tuple(sinks)
+        self._sync = MirrorSync(storage, self.jsonl, markdown_dir, mirror_id)
+        self._folder = str(markdown_dir)
+        self._folder_ready = False  # made once; a folder removed later is made again
+
+    @classmethod
+    def from_settings(cls, storage: Storage, settings: Settings) -> Mirrors:
+        return cls(
+            storage,
+            jsonl_path=settings.jsonl_path,
+            markdown_dir=settings.markdown_dir,
+            mirror_id=settings.mirror_id,
+            sinks=settings.sinks,
+        )
+
+    def hold(self, deadline: float | None = None) -> contextlib.AbstractContextManager[None]:
+        """The mirror lock: whoever holds it sees every committed record either mirrored or
+        left behind by a writer that died, so repair never races a live writer."""
+        return self.lock.hold(deadline)
+
+    # -- a new record's files (the writer calls these under the lock, after its commit) ----
+
+    def path(self, name: str) -> Path:
+        return self.markdown_dir / name
+
+    def owner_of(self, name: str) -> str | None:
+        """The key in an existing markdown file's front matter; None when there is no file,
+        "" when it cannot be read."""
+        try:
+            found, _ = markdown.read(self.path(name))
+        except FileNotFoundError:
+            return None
+        except (OSError, markdown.MalformedMarkdown):
+            return ""
+        return str(found.get("key") or "")
+
+    def taken_on_disk(self, name: str, key: str) -> bool:
+        """A file of that name exists and is not this record's (a legacy or foreign file)."""
+        return os.path.exists(os.path.join(self._folder, name)) and self.owner_of(name) != key
+
+    def render_new(self, record: Record) -> bytes:
+        return markdown.render(matter.initial(record, self.sinks), record.content)
+
+    def create_file(self, name: str, data: bytes) -> bool:
+        """Create a record's file 0600 unless the name exists; returns whether it did."""
+        if not self._folder_ready:
+            ensure_private_dir(self.markdown_dir)
+            self._folder_ready = True
+        path = os.path.join(self._folder, name)
+        try:
+            return markdown.write_new(path, data)
+        except FileNotFoundError:  # the folder was removed since: make it again
+            ensure_private_dir(self.markdown_dir)
+            return markdown.write_new(path, data)
+
+    def append_accepted(self, items: Sequence[tuple[Record, int, str]]) -> None:
+        """One chained ``accepted`` line per (record, seq, markdown name)."""
+        if items:
+            sinks = list(self.sinks)
+            self.jsonl.append(
+                [accepted_event(record, seq, name, sinks) for record, seq, name in items]
+            )
+
+    # -- repair and proof ------------------------------------------------------------------
+
+    def repair(self, full: bool = False) -> RepairReport:
+        """Write whatever the mirrors lack (crash leftovers, enqueued records, delivery
+        outcomes). ``full`` checks every record, not only those since the last repair."""
+        with self.lock.hold():
+            return self._sync.run(full=full)
+
+    def sync_deliveries(self) -> RepairReport:
+        """Write delivery outcomes (events, front matter) that are not yet mirrored."""
+        with self.lock.hold():
+            return self._sync.sync_deliveries()
+
+    def verify(self) -> VerifyReport:
+        with self.lock.hold():
+            return verify(self.storage, self.jsonl, self.markdown_dir, self.mirror_id)
+
+    @contextlib.contextmanager
+    def quietly(self, what: str) -> Iterator[None]:
+        """Mirror work that may fail without losing anything: the database holds the record
+        and repair rewrites the mirror, so a failure is logged, not raised."""
+        try:
+            yield
+        except OSError as exc:
+            log.warning("%s failed (%s); repair will restore it", what, exc.strerror)
+
+    def close(self) -> None:
+        self.lock.close()
+        self.jsonl.close()

@@ -1,0 +1,81 @@
+"""What an operator reads and steers: the status report and the dead letters.
+
+Kept apart from the façade so ``api.py`` stays the wiring of the write and delivery paths;
+``Outbox.status()`` and ``Outbox.dead`` hand out these.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from outbox.states import DeliveryState
+
+if TYPE_CHECKING:
+    from outbox.config import Settings
+    from outbox.mirror.mirrors import Mirrors
+    from outbox.store.delivery_reads import DeliveryRow
+    from outbox.store.storage import Storage
+
+
+def status_report(storage: Storage, settings: Settings) -> dict[str, Any]:
+    """Counts per sink and state, the oldest pending age, and what is failing right now."""
+    counts = storage.deliveries.counts()
+    oldest = storage.deliveries.oldest_pending()
+    retrying = storage.deliveries.retrying()
+    now = time.time()
+    sinks = list(dict.fromkeys([*settings.sinks, *counts]))
+    per_sink = {
+        sink: {
+            **counts.get(sink, dict.fromkeys(map(str, DeliveryState), 0)),
+            "oldest_pending_age": round(now - oldest[sink], 3) if sink in oldest else None,
+            "retrying": retrying.get(sink, (0, None))[0],
+            "last_failure": retrying.get(sink, (0, None))[1],
+        }
+        for sink in sinks
+    }
+    return {
+        "records": storage.records.count_records(),
+        "sinks": per_sink,
+        "dead_letters": sum(entry["dead"] for entry in per_sink.values()),
+        # Never the password of a PostgreSQL URL: status output ends up in logs and issues.
+        "database": storage.engine.url.render_as_string(hide_password=True),
+        "jsonl_path": str(settings.jsonl_path),
+        "markdown_dir": str(settings.markdown_dir),
+    }
+
+
+class DeadLetters:
+    """Deliveries a sink refused for good or that ran out of attempts, for an operator to
+    review, then retry or discard; each change is mirrored at once."""
+
+    def __init__(self, storage: Storage, mirrors: Mirrors) -> None:
+        self.storage = storage
+        self.mirrors = mirrors
+
+    def list(self, sink: str | None = None, limit: int = 100) -> list[DeliveryRow]:
+        """Oldest first."""
+        return self.storage.deliveries.list_deliveries(DeliveryState.DEAD, sink=sink, limit=limit)
+
+    def retry(self, keys: Iterable[str] | None = None, sink: str | None = None) -> int:
+        """A fresh set of attempts for the dead letters of ``keys`` (every one when None);
+        returns how many."""
+        return self._change(keys, sink, retry=True)
+
+    def discard(self, keys: Iterable[str] | None = None, sink: str | None = None) -> int:
+        """Retire dead letters for good (kept for audit, never retried); returns how many."""
+        return self._change(keys, sink, retry=False)
+
+    def _change(self, keys: Iterable[str] | None, sink: str | None, *, retry: bool) -> int:
+        """An empty ``keys`` changes nothing: the store reads "no keys" as "every key",
+        which only None may ask for."""
+        wanted = None if keys is None else list(keys)
+        if wanted == []:
+            return 0
+        if retry:
+            count = self.storage.deliveries.requeue_dead(wanted, sink=sink)
+        else:
+            count = self.storage.deliveries.discard_dead(wanted, sink=sink)
+        self.mirrors.sync_deliveries()
+        return count
