@@ -22,6 +22,7 @@ from mcp.server.stdio import stdio_server
 from outbox import __version__
 from outbox.errors import OutboxError, ValidationError
 from outbox.memory_core import MemoryService
+from outbox.states import BuiltinSink, ReceiptStatus
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,8 @@ TOOLS: list[types.Tool] = [
                 "tags": {"type": "array", "items": _STRING},
                 "importance": {"type": "integer", "minimum": 1, "maximum": 10},
                 "project": _STRING,
-                "memory_type": _STRING,
+                "type": {"type": "string", "description": "BrainLayer's memory type"},
+                "memory_type": {"type": "string", "description": "the same as type"},
             },
             "required": ["content"],
         },
@@ -155,17 +157,18 @@ class ToolHandlers:
         )
 
     def brain_store(self, args: dict[str, Any]) -> dict[str, Any]:
-        metadata = {name: args[name] for name in ("project", "memory_type") if args.get(name)}
+        """BrainLayer's ``brain_store``; its ``type`` (or ``memory_type``) reaches the sink."""
         receipt = self.service.remember(
             args.get("content"),  # type: ignore[arg-type]
             importance=args.get("importance", 5),
             tags=args.get("tags"),
-            metadata=metadata or None,
+            memory_type=_optional(args, "type") or _optional(args, "memory_type"),
+            project=_optional(args, "project"),
         )
-        if self.store_wait > 0 and receipt.status == "queued":
+        if self.store_wait > 0 and receipt.status == ReceiptStatus.QUEUED:
             receipt = self.service.outbox.wait_delivered(receipt.key, timeout=self.store_wait)
         answer = receipt.to_dict()
-        answer["chunk_id"] = receipt.sink_ids.get("brainlayer")
+        answer["chunk_id"] = receipt.sink_ids.get(BuiltinSink.BRAINLAYER)
         return answer
 
     def call(self, name: str, args: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
@@ -216,9 +219,7 @@ def serve(drain: bool = False, store_wait: float = 0.0) -> None:
     stop = threading.Event()
     dispatcher_thread = None
     if drain:
-        from outbox.dispatch.dispatcher import Dispatcher
-
-        dispatcher = Dispatcher(service.outbox)
+        dispatcher = service.outbox.dispatcher()
         dispatcher_thread = threading.Thread(
             target=dispatcher.run, args=(stop,), name="outbox-mcp-dispatcher", daemon=True
         )

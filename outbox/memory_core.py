@@ -19,23 +19,26 @@ back exactly and replaying a fallback file rebuilds the same turn and the same k
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from outbox.api import Outbox
 from outbox.config import Settings
-from outbox.receipt import FALLBACK, STORED, Receipt
+from outbox.receipt import Receipt
 from outbox.record import check_content
-from outbox.store import recall
-from outbox.store.storage import PENDING_DEPTH_CAP
+from outbox.states import BuiltinSink, ReceiptStatus
+
+if TYPE_CHECKING:
+    from outbox import RecentRow
 
 log = logging.getLogger(__name__)
 
 PROMPT, THOUGHT, RESPONSE = "User Prompt: ", "\nAgent Thought: ", "\nAgent Response: "
-VECTOR_SINK = "chroma"
+VECTOR_SINK = BuiltinSink.CHROMA
 MAX_LIMIT = 100
+# The record metadata keys the BrainLayer sink reads a memory's type and project from.
+TYPE_KEY, PROJECT_KEY = "type", "project"
 
 
 def compose_turn(prompt: str, thought: str, response: str) -> str:
@@ -83,7 +86,8 @@ class MemoryService:
         model: str | None = None,
         metadata: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Validate each field (seed 001 AC1), commit one durable write, return at once."""
+        """Validate each field, commit one durable write, return at once: the per-turn save
+        must never fail on a model or a sink."""
         minimum = self.outbox.settings.min_content_length
         fields = {"prompt": prompt, "thought": thought, "response": response}
         for name, value in fields.items():
@@ -118,30 +122,40 @@ class MemoryService:
         importance: int = 5,
         tags: Iterable[str] | None = None,
         metadata: Mapping[str, Any] | None = None,
+        *,
+        memory_type: str | None = None,
+        project: str | None = None,
     ) -> Receipt:
-        """A plain brain_store-style memory (no turn structure)."""
-        return self.outbox.add(content, importance=importance, tags=tags, metadata=metadata)
+        """A plain brain_store-style memory (no turn structure). ``memory_type`` and
+        ``project`` go under the metadata keys the BrainLayer sink reads them from."""
+        meta = dict(metadata or {})
+        if memory_type:
+            meta[TYPE_KEY] = memory_type
+        if project:
+            meta[PROJECT_KEY] = project
+        return self.outbox.add(content, importance=importance, tags=tags, metadata=meta or None)
 
     def visibility(self, receipt: Receipt) -> dict[str, Any]:
         """What recall can see of this write right now, and how far behind the embed is."""
-        semantic = receipt.status == STORED or VECTOR_SINK in receipt.sink_ids
+        semantic = receipt.status == ReceiptStatus.STORED or VECTOR_SINK in receipt.sink_ids
+        fallback = receipt.status == ReceiptStatus.FALLBACK
         block: dict[str, Any] = {
-            "recencyQueryable": receipt.status != FALLBACK,
-            "lexicalQueryable": receipt.status != FALLBACK,
+            "recencyQueryable": not fallback,
+            "lexicalQueryable": not fallback,
             "semanticQueryable": semantic,
             "pendingDepth": None,
             "pendingDepthAtLeast": None,
             "oldestPendingAgeMs": None,
         }
         try:
-            depth, oldest = self.outbox.storage.pending_summary(VECTOR_SINK)
+            depth, capped, age = self.outbox.pending_summary(VECTOR_SINK)
             block["pendingDepth"] = depth
-            block["pendingDepthAtLeast"] = depth >= PENDING_DEPTH_CAP  # counted no further
-            if oldest is not None:
-                block["oldestPendingAgeMs"] = int((time.time() - oldest) * 1000)
+            block["pendingDepthAtLeast"] = capped  # counted no further
+            if age is not None:
+                block["oldestPendingAgeMs"] = int(age * 1000)
         except Exception as exc:  # the write stands; only the figures are missing
             log.debug("visibility figures unavailable: %s", exc.__class__.__name__)
-        if receipt.status == FALLBACK:
+        if fallback:
             block["hint"] = (
                 "The database could not take the write; it is in the fallback file and joins "
                 "recall when the outbox is next opened."
@@ -167,9 +181,7 @@ class MemoryService:
         """Newest first from the graph, immediately after the write; ``nextCursor`` pages."""
         limit = max(1, min(int(limit), MAX_LIMIT))
         cursor = _parse_cursor(before)
-        rows = recall.recent(
-            self.outbox.reader, limit=limit, session_id=session_id, agent=agent, before=cursor
-        )
+        rows = self.outbox.recent_memories(limit, session_id=session_id, agent=agent, before=cursor)
         turns = [_turn_view(row) for row in rows]
         next_cursor = (
             {"timestamp": rows[-1].timestamp, "id": rows[-1].key} if len(rows) == limit else None
@@ -192,28 +204,48 @@ class MemoryService:
 
             raise ValidationError("query", "is empty")
         n_results = max(1, min(int(n_results), MAX_LIMIT))
+        vector_on = VECTOR_SINK in self.outbox.settings.sinks
         vector_ids: list[str] = []
         distances: dict[str, float] = {}
         degraded: str | None = None
-        if VECTOR_SINK in self.outbox.settings.sinks:
-            where = {"session_id": session_id} if session_id else None
-            try:
-                hits = self._vector_index().search(query, n_results, where)
-                vector_ids = list(hits.ids)
-                distances = dict(zip(hits.ids, hits.distances, strict=False))
-            except Exception as exc:
-                degraded = f"vector index unavailable ({exc.__class__.__name__})"
-                log.warning("semantic leg of query_raw_memories failed: %s", degraded)
-        pending = recall.pending_matches(
-            self.outbox.reader,
+        if vector_on:
+            vector_ids, distances, degraded = self._semantic(query, n_results, session_id)
+        pending = self.outbox.pending_matches(
             query,
-            vector_sink=VECTOR_SINK if VECTOR_SINK in self.outbox.settings.sinks else None,
+            vector_sink=VECTOR_SINK if vector_on else None,
             limit=n_results,
             session_id=session_id,
         )
         pending_ids = [key for key, _score in pending]
-        fused = recall.rrf([vector_ids, pending_ids])[:n_results]
-        stored = self.outbox.storage.get_records(key for key, _ in fused)
+        fused = self.outbox.fuse_rankings([vector_ids, pending_ids])[:n_results]
+        results = self._result_views(fused, distances)
+        answer: dict[str, Any] = {"query": query, "count": len(results), "results": results}
+        if degraded:
+            answer["degraded"] = degraded
+        return answer
+
+    def _semantic(
+        self, query: str, n_results: int, session_id: str | None
+    ) -> tuple[list[str], dict[str, float], str | None]:
+        """(Chroma's ranking, each hit's distance, why it failed): an unreachable index
+        degrades recall to the overlay instead of failing it."""
+        where = {"session_id": session_id} if session_id else None
+        try:
+            hits = self._vector_index().search(query, n_results, where)
+            ids = list(hits.ids)
+            distances = dict(zip(hits.ids, hits.distances, strict=False))
+        except Exception as exc:
+            degraded = f"vector index unavailable ({exc.__class__.__name__})"
+            log.warning("semantic leg of query_raw_memories failed: %s", degraded)
+            return [], {}, degraded
+        return ids, distances, None
+
+    def _result_views(
+        self, fused: list[tuple[str, float]], distances: dict[str, float]
+    ) -> list[dict[str, Any]]:
+        """Each fused key as a memory that says which leg found it; a key whose record is
+        no longer in the outbox is left out."""
+        stored = self.outbox.get_records(key for key, _ in fused)
         results = []
         for key, score in fused:
             item = stored.get(key)
@@ -230,10 +262,7 @@ class MemoryService:
             if key in distances:
                 view["distance"] = distances[key]
             results.append(view)
-        answer: dict[str, Any] = {"query": query, "count": len(results), "results": results}
-        if degraded:
-            answer["degraded"] = degraded
-        return answer
+        return results
 
     def close(self) -> None:
         if self._vector is not None:
@@ -257,14 +286,9 @@ def _record_view(content: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
     return {"kind": "memory", "content": content}
 
 
-def _turn_view(row: recall.RecentRow) -> dict[str, Any]:
+def _turn_view(row: RecentRow) -> dict[str, Any]:
+    """A recent row as memory-core shows it: the memory, then where and whose it is."""
     view = _record_view(row.content, row.metadata)
-    view.update(
-        id=row.key,
-        timestamp=row.timestamp,
-        sessionId=row.session_id,
-        agent=row.agent,
-        importance=row.importance,
-        tags=row.tags,
-    )
+    view.update(id=row.key, timestamp=row.timestamp, sessionId=row.session_id, agent=row.agent)
+    view.update(importance=row.importance, tags=row.tags)
     return view

@@ -1,4 +1,4 @@
-"""``outbox add``, ``status`` and ``verify`` as real processes (contract section 8)."""
+"""``outbox add``, ``status``, ``verify``, ``drain`` and ``dead`` as real processes."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from outbox import Outbox
 from tests.conftest import FAULTY
 from tests.helpers.subproc import child_env, run_cli
 
@@ -154,3 +155,54 @@ def test_verify_detects_an_edited_markdown_body(tmp_path: Path, env: dict[str, s
     result = run_cli(["verify"], cwd=tmp_path, env=env)
     assert result.returncode == 1
     assert b"differs from the stored content" in result.stdout
+
+
+def test_drain_and_dead_letters_on_the_command_line(tmp_path: Path) -> None:
+    env = child_env(faulty_reject="POISON")
+    good = add_json(tmp_path, env, "a good memory for the command line")
+    bad = add_json(tmp_path, env, "a POISON memory the sink refuses")
+    drained = run_cli(["drain"], cwd=tmp_path, env=env)
+    assert drained.returncode == 1
+    assert drained.stdout.decode().splitlines() == [
+        f"{FAULTY}: delivered 1; now pending 0, leased 0, dead 1",
+        "some records are still pending or dead",
+    ]
+
+    (line,) = run_cli(["dead", "list"], cwd=tmp_path, env=env).stdout.decode().splitlines()
+    assert line.startswith(f"{bad['key']}  {FAULTY}  attempts=1  reason=rejected")
+    shown = run_cli(["dead", "show", bad["key"], "--json"], cwd=tmp_path, env=env)
+    (row,) = json.loads(shown.stdout)["deliveries"]
+    assert (row["key"], row["state"], row["reason"]) == (bad["key"], "dead", "rejected")
+    assert row["markdown"] == bad["markdown_path"]
+
+    missing = run_cli(["dead", "show", "0" * 64], cwd=tmp_path, env=env)
+    assert (missing.returncode, missing.stdout) == (2, b"")
+    assert missing.stderr == b"outbox: invalid keys: no record with those keys\n"
+    unnamed = run_cli(["dead", "retry"], cwd=tmp_path, env=env)
+    assert unnamed.returncode == 2 and b"name the keys" in unnamed.stderr
+
+    not_dead = run_cli(["dead", "discard", good["key"], "--json"], cwd=tmp_path, env=env)
+    assert json.loads(not_dead.stdout) == {"discarded": 0}
+    retried = run_cli(["dead", "retry", bad["key"]], cwd=tmp_path, env=env)
+    assert retried.stdout == b"requeued 1 dead letter(s)\n"
+    status = json.loads(run_cli(["status", "--json"], cwd=tmp_path, env=env).stdout)
+    assert status["sinks"][FAULTY]["pending"] == 1 and status["dead_letters"] == 0
+    assert run_cli(["dead", "list"], cwd=tmp_path, env=env).stdout == b"no dead letters\n"
+
+
+def test_an_empty_key_list_changes_no_dead_letter(
+    outbox: Outbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store reads "no keys" as "every key"; the façade must not pass that on."""
+    monkeypatch.setenv("OUTBOX_FAULTY_REJECT", "POISON")
+    receipt = outbox.add("a POISON memory the sink refuses")
+    outbox.drain(timeout=30)
+    assert [row.key for row in outbox.dead.list()] == [receipt.key]
+    assert outbox.dead.retry([]) == 0 and outbox.dead.discard([]) == 0
+    assert outbox.dead.list(sink="another-sink") == []
+    assert outbox.dead.discard(sink="another-sink") == 0
+    assert outbox.dead.discard() == 1
+    (row,) = outbox.deliveries_of([receipt.key])[receipt.key]
+    assert row.state == "discarded"
+    assert outbox.markdown_path(receipt.key) == receipt.markdown_path
+    assert outbox.markdown_path("0" * 64) is None

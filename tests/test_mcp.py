@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,14 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from outbox import Outbox, load_settings
+from tests.brainlayer_env import brainlayer_environ, setup_brainlayer
 
 SINK = "outbox.testing.sinks:FaultySink"
 
 
-def _params(tmp_path: Path, *extra: str) -> StdioServerParameters:
+def _params(
+    tmp_path: Path, *extra: str, env: Mapping[str, str] | None = None
+) -> StdioServerParameters:
     env = {
         "PATH": os.environ.get("PATH", ""),
         "HOME": str(tmp_path),
@@ -26,6 +30,7 @@ def _params(tmp_path: Path, *extra: str) -> StdioServerParameters:
         "OUTBOX_MARKDOWN_DIR": str(tmp_path / "md"),
         "OUTBOX_SINKS": SINK,
         "OUTBOX_POLL_INTERVAL": "0.1",
+        **(env or {}),
     }
     return StdioServerParameters(
         command=sys.executable, args=["-m", "outbox", "mcp", *extra], env=env, cwd=str(tmp_path)
@@ -158,6 +163,61 @@ def test_killing_the_server_loses_no_accepted_write(tmp_path: Path) -> None:
         env={}, home=tmp_path / ".outbox", markdown_dir=tmp_path / "md", sinks=SINK
     )
     with Outbox.open(settings) as ob:
-        stored = ob.storage.get_records(keys)
+        stored = ob.get_records(keys)
         assert set(stored) == set(keys)
         assert ob.verify().ok
+
+
+async def _call_once(
+    tmp_path: Path, env: Mapping[str, str], tool: str, args: dict[str, Any]
+) -> Any:
+    async with (
+        stdio_client(_params(tmp_path, env=env)) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await asyncio.wait_for(session.initialize(), 30)
+        return await session.call_tool(tool, args)
+
+
+@pytest.mark.parametrize("argument", ["type", "memory_type"])
+def test_brain_store_type_reaches_brainlayer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argument: str
+) -> None:
+    """A decision stored through the MCP tool is a decision in BrainLayer's own database,
+    not BrainLayer's default note: under BrainLayer's argument name and under the older one."""
+    bl = setup_brainlayer(tmp_path / "bl", monkeypatch)
+    env = {
+        **brainlayer_environ(bl.root),
+        "OUTBOX_SINKS": "brainlayer",
+        "OUTBOX_BRAINLAYER_DB": str(bl.db),
+    }
+    content = "Decision: the outbox database stays in WAL mode with synchronous FULL."
+    stored = asyncio.run(
+        _call_once(
+            tmp_path,
+            env,
+            "brain_store",
+            {"content": content, argument: "decision", "project": "outbox", "importance": 8},
+        )
+    )
+    assert not stored.is_error, stored.content
+    key = stored.structured_content["key"]
+
+    settings = load_settings(
+        env={},
+        home=tmp_path / ".outbox",
+        markdown_dir=tmp_path / "md",
+        sinks="brainlayer",
+        brainlayer_db=bl.db,
+    )
+    with Outbox.open(settings) as ob:
+        assert ob.drain(timeout=60).ok
+        (delivery,) = ob.deliveries_of([key])[key]
+    assert delivery.sink_id is not None
+    chunk = bl.chunk(delivery.sink_id)
+    assert chunk is not None and chunk["content"] == content
+    assert (chunk["content_type"], chunk["project"], chunk["importance"]) == (
+        "decision",
+        "outbox",
+        8.0,
+    )

@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from outbox import Outbox, Settings, ValidationError, load_settings
 from outbox.demo import TURNS
 from outbox.memory_core import PROMPT, RESPONSE, THOUGHT, MemoryService, compose_turn, split_turn
-from outbox.store import recall
 
 
 @pytest.fixture
@@ -56,7 +55,7 @@ def test_each_field_is_gated_and_nothing_is_written(
     with pytest.raises(ValidationError) as err:
         service.add_memory(**args)  # type: ignore[arg-type]
     assert str(err.value).startswith(f"invalid {field}:")
-    assert outbox.storage.count_records() == 0
+    assert outbox.status()["records"] == 0
     assert not outbox.settings.markdown_dir.exists() or not any(
         outbox.settings.markdown_dir.glob("*.md")
     )
@@ -96,9 +95,7 @@ def test_read_after_write_then_recall_by_meaning(chroma_settings: Settings) -> N
         assert (best["id"], best["source"]) == (keys[0], "vector")
         assert best["response"] == TURNS[0][2]
         # Delivered records have left the lexical overlay; the vector index answers for them.
-        leftover = recall.pending_matches(
-            service.outbox.reader, "nightly backfill", vector_sink="chroma", limit=5
-        )
+        leftover = service.outbox.pending_matches("nightly backfill", vector_sink="chroma", limit=5)
         assert leftover == []
     finally:
         service.close()
@@ -152,7 +149,7 @@ def test_add_memory_keeps_succeeding_during_a_heavy_backfill(chroma_settings: Se
         with Outbox.open(chroma_settings) as ob:
             service = MemoryService(ob)
             deadline = time.monotonic() + 120
-            while ob.storage.counts()["chroma"]["delivered"] < 50:
+            while ob.status()["sinks"]["chroma"]["delivered"] < 50:
                 assert time.monotonic() < deadline, "the dispatcher never started delivering"
                 time.sleep(0.1)
             for i in range(40):
@@ -160,7 +157,7 @@ def test_add_memory_keeps_succeeding_during_a_heavy_backfill(chroma_settings: Se
                 assert answer["status"] == "queued"
                 newest = service.query_recent_turns(limit=1)["turns"][0]
                 assert newest["id"] == answer["id"]
-            counts = ob.storage.counts()["chroma"]
+            counts = ob.status()["sinks"]["chroma"]
             assert counts["pending"] + counts["leased"] > 0, "the backfill was not running"
     finally:
         dispatcher.send_signal(signal.SIGTERM)

@@ -1,0 +1,124 @@
+"""``outbox search``, ``outbox recent``, ``outbox demo`` and ``outbox mcp``: memory-core's
+recall and tools on the command line. Results print one memory per table line."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from outbox.cli.common import EXIT_FAILED, EXIT_OK, AddCommand, emit, open_outbox
+
+if TYPE_CHECKING:
+    from outbox.memory_core import MemoryService
+
+
+def _clip(text: str, width: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def _memory_cell(row: dict[str, Any]) -> str:
+    """One result's memory on one table line, alike in ``search`` and ``recent``: a plain
+    memory's content, or a turn's prompt and response."""
+    text = row.get("content") or f"{row.get('prompt', '')} → {row.get('response', '')}"
+    return _clip(text, 80)
+
+
+def _ask(question: Callable[[MemoryService], dict[str, Any]]) -> dict[str, Any]:
+    """One memory-core call on a service of its own, closed however the call ends."""
+    from outbox.memory_core import MemoryService
+
+    service = MemoryService(open_outbox())
+    try:
+        return question(service)
+    finally:
+        service.close()
+
+
+def _table(
+    rows: list[dict[str, Any]], header: str, line: Callable[[dict[str, Any]], str], empty: str
+) -> list[str]:
+    """``header`` and one line per row, each ending with its memory; ``empty`` alone when
+    there are no rows."""
+    if not rows:
+        return [empty]
+    return [f"{header} memory", *(f"{line(row)} {_memory_cell(row)}" for row in rows)]
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    answer = _ask(
+        lambda service: service.query_raw_memories(
+            args.query, n_results=args.n, session_id=args.session
+        )
+    )
+    lines = _table(
+        answer["results"],
+        f"{'source':<8} {'score':>8}  {'timestamp':<27}",
+        lambda row: f"{row['source']:<8} {row['score']:>8.4f}  {row['timestamp']:<27}",
+        "no memories match",
+    )
+    if answer.get("degraded"):
+        lines.append(f"note: {answer['degraded']}; showing memories found by their words only")
+    emit(args, answer, "\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_recent(args: argparse.Namespace) -> int:
+    answer = _ask(
+        lambda service: service.query_recent_turns(
+            session_id=args.session, agent=args.agent, limit=args.limit, before=args.before
+        )
+    )
+    lines = _table(
+        answer["turns"],
+        f"{'timestamp':<27} {'session':<12}",
+        lambda row: f"{row['timestamp']:<27} {str(row['sessionId'] or '-')[:12]:<12}",
+        "no memories yet",
+    )
+    if answer["turns"] and answer["nextCursor"]:
+        cursor = answer["nextCursor"]
+        lines.append(f"more: --before '{cursor['timestamp']}|{cursor['id']}'")
+    emit(args, answer, "\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from outbox.demo import run
+
+    ok = run(Path(args.dir))
+    print("demo complete" if ok else "demo finished with a surprise: see the lines above")
+    return EXIT_OK if ok else EXIT_FAILED
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from outbox.mcp_server import serve
+
+    serve(drain=args.drain, store_wait=args.store_wait)
+    return EXIT_OK
+
+
+def register(command: AddCommand) -> None:
+    search = command("search", cmd_search, "recall by meaning and by words")
+    search.add_argument("query", metavar="QUERY")
+    search.add_argument("-n", type=int, default=10, help="how many results (default 10)")
+    search.add_argument("--session", help="only this session")
+    recent = command("recent", cmd_recent, "the newest memories first")
+    recent.add_argument("--limit", type=int, default=20)
+    recent.add_argument("--session", help="only this session")
+    recent.add_argument("--agent", help="only this agent")
+    recent.add_argument("--before", help="cursor 'TIMESTAMP|KEY' from the previous page")
+    demo = command("demo", cmd_demo, "the whole loop on the embedded default", json_flag=False)
+    demo.add_argument(
+        "--dir", default="outbox-demo", help="folder for the demo (default ./outbox-demo)"
+    )
+    mcp = command("mcp", cmd_mcp, "serve the memory tools over MCP on stdio", json_flag=False)
+    mcp.add_argument("--drain", action="store_true", help="also deliver in the background")
+    mcp.add_argument(
+        "--store-wait",
+        type=float,
+        default=0.0,
+        help="brain_store waits up to S seconds for a concrete sink id",
+    )
