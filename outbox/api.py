@@ -24,10 +24,10 @@ from outbox.folders import ensure_private_dir
 from outbox.mirror.mirrors import Mirrors
 from outbox.mirror.repair import RepairReport
 from outbox.mirror.verify import VerifyReport
-from outbox.operations import DeadLetters, status_report
+from outbox.operations import DeadLetters, status_report, wait_delivered
 from outbox.receipt import Receipt, store_failed_text
 from outbox.record import DEFAULT_IMPORTANCE, Record, build_record
-from outbox.states import SETTLED, DeliveryState, ReceiptStatus
+from outbox.states import ReceiptStatus
 from outbox.store import migrate
 from outbox.store.bounded import call_within
 from outbox.store.engine import make_engine
@@ -288,34 +288,7 @@ class Outbox:
         The receipt says ``stored`` only with the sink's concrete id, so a caller can report
         ``Stored in <Sink>: <id>`` honestly; otherwise it stays ``queued``.
         """
-        stored = self.storage.records.get_record(key)
-        if stored is None:
-            raise KeyError(f"no record with key {key}")
-        wanted = (sink,) if sink else None
-        deadline = time.monotonic() + timeout
-        pause = 0.01
-        while True:
-            rows = self.storage.deliveries.deliveries_for([key]).get(key, [])
-            sinks = wanted or tuple(row.sink for row in rows)
-            ids = {
-                row.sink: row.sink_id
-                for row in rows
-                if row.state == DeliveryState.DELIVERED and row.sink_id
-            }
-            settled = {row.sink for row in rows if row.state in SETTLED}
-            if all(name in settled for name in sinks) or time.monotonic() >= deadline:
-                done = bool(sinks) and all(name in ids for name in sinks)
-                return Receipt(
-                    key=key,
-                    status=ReceiptStatus.STORED if done else ReceiptStatus.QUEUED,
-                    duplicate=False,
-                    markdown_path=self.settings.markdown_dir / stored.markdown_name,
-                    timestamp=stored.record.timestamp,
-                    sinks=tuple(sinks),
-                    sink_ids={name: ids[name] for name in sinks if name in ids},
-                )
-            time.sleep(pause)
-            pause = min(pause * 2, 0.25)
+        return wait_delivered(self.storage, self.settings, key, sink, timeout)
 
     # -- lifetime -------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""What an operator reads and steers: the status report and the dead letters.
+"""What an operator reads and steers: the status report, the dead letters, and waiting
+until a record is delivered.
 
 Kept apart from the façade so ``api.py`` stays the wiring of the write and delivery paths;
 ``Outbox.status()`` and ``Outbox.dead`` hand out these.
@@ -10,7 +11,8 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from outbox.states import DeliveryState
+from outbox.receipt import Receipt
+from outbox.states import SETTLED, DeliveryState, ReceiptStatus
 
 if TYPE_CHECKING:
     from outbox.config import Settings
@@ -79,3 +81,38 @@ class DeadLetters:
             count = self.storage.deliveries.discard_dead(wanted, sink=sink)
         self.mirrors.sync_deliveries()
         return count
+
+
+def wait_delivered(
+    storage: Storage, settings: Settings, key: str, sink: str | None, timeout: float
+) -> Receipt:
+    """Poll ``key``'s deliveries until ``sink`` (default: every sink) has settled, or time
+    out; ``stored`` only when every wanted sink gave a concrete id."""
+    stored = storage.records.get_record(key)
+    if stored is None:
+        raise KeyError(f"no record with key {key}")
+    wanted = (sink,) if sink else None
+    deadline = time.monotonic() + timeout
+    pause = 0.01
+    while True:
+        rows = storage.deliveries.deliveries_for([key]).get(key, [])
+        sinks = wanted or tuple(row.sink for row in rows)
+        ids = {
+            row.sink: row.sink_id
+            for row in rows
+            if row.state == DeliveryState.DELIVERED and row.sink_id
+        }
+        settled = {row.sink for row in rows if row.state in SETTLED}
+        if all(name in settled for name in sinks) or time.monotonic() >= deadline:
+            done = bool(sinks) and all(name in ids for name in sinks)
+            return Receipt(
+                key=key,
+                status=ReceiptStatus.STORED if done else ReceiptStatus.QUEUED,
+                duplicate=False,
+                markdown_path=settings.markdown_dir / stored.markdown_name,
+                timestamp=stored.record.timestamp,
+                sinks=tuple(sinks),
+                sink_ids={name: ids[name] for name in sinks if name in ids},
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, 0.25)
