@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import sqlite3
 from collections.abc import Iterator
@@ -26,6 +27,8 @@ from outbox.mirror.matter import initial
 from outbox.record import Record
 from outbox.slugs import markdown_filename
 from outbox.states import FallbackReason
+
+log = logging.getLogger(__name__)
 
 INDEX_NAME = ".outbox-fallback.idx"
 
@@ -71,6 +74,12 @@ def failure_reason(exc: BaseException) -> FallbackReason:
     if "unable to open" in text or "disk i/o" in text or code == errno.EIO:
         return FallbackReason.IO_ERROR
     return FallbackReason.UNKNOWN
+
+
+def _plain_name(name: str) -> bool:
+    """A file name of the folder itself: no folder part, no way up, nothing hidden. The index
+    is a plain file anyone with the folder can edit; it must not lead an import elsewhere."""
+    return bool(name) and "/" not in name and "\0" not in name and not name.startswith(".")
 
 
 class FallbackQueue:
@@ -154,7 +163,10 @@ class FallbackQueue:
         names = dict.fromkeys(
             line.strip() for line in processing.read_text(encoding="utf-8").splitlines()
         )
-        yield [self.folder / name for name in names if name]
+        inside = [name for name in names if _plain_name(name)]
+        if len(inside) < len([name for name in names if name]):
+            log.warning("fallback index names a file outside %s; ignored", self.folder)
+        yield [self.folder / name for name in inside]
         processing.unlink(missing_ok=True)
 
     def pending_count(self) -> int:

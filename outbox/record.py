@@ -104,15 +104,39 @@ def check_tags(tags: Iterable[object] | None) -> tuple[str, ...]:
     return tuple(cleaned)
 
 
-def _reject_non_finite(value: Any) -> None:
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValidationError("metadata", "holds NaN or infinity, which JSON cannot carry")
-    if isinstance(value, Mapping):
-        for item in value.values():
-            _reject_non_finite(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            _reject_non_finite(item)
+MAX_METADATA_DEPTH = 32
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _check_shape(metadata: Mapping[str, Any]) -> None:
+    """Walk the metadata once, within a budget: JSON's types only, finite numbers, limited
+    nesting, and a size bound counted on the way, so that a small YAML file whose anchors
+    expand to gigabytes is refused before anything expands it."""
+    budget = MAX_METADATA_BYTES
+    todo: list[tuple[Any, int]] = [(metadata, 0)]
+    while todo:
+        value, depth = todo.pop()
+        if depth > MAX_METADATA_DEPTH:
+            raise ValidationError("metadata", f"nests deeper than {MAX_METADATA_DEPTH} levels")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValidationError("metadata", "holds NaN or infinity, which JSON cannot carry")
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise ValidationError("metadata", "has a key that is not text")
+                budget -= len(key) + 4
+                todo.append((item, depth + 1))
+        elif isinstance(value, list | tuple):
+            budget -= 2 + len(value)
+            todo.extend((item, depth + 1) for item in value)
+        elif isinstance(value, _SCALARS):
+            budget -= len(value) if isinstance(value, str) else 4
+        else:
+            raise ValidationError(
+                "metadata", f"holds a {type(value).__name__}, which JSON cannot carry"
+            )
+        if budget < 0:
+            raise ValidationError("metadata", f"is over {MAX_METADATA_BYTES} bytes as JSON")
 
 
 def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -120,7 +144,7 @@ def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
         return {}
     if not isinstance(metadata, Mapping):
         raise ValidationError("metadata", f"must be a mapping, not {type(metadata).__name__}")
-    _reject_non_finite(metadata)
+    _check_shape(metadata)
     try:
         text = json.dumps(metadata, ensure_ascii=False, allow_nan=False, sort_keys=True)
     except (TypeError, ValueError) as exc:

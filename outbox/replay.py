@@ -16,15 +16,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from outbox.errors import ValidationError
+from outbox.fallback import UNAVAILABLE
 from outbox.keys import canonical_timestamp, idempotency_key
 from outbox.mirror import markdown
-from outbox.record import DEFAULT_IMPORTANCE, Record, check_content, check_importance, check_tags
+from outbox.record import (
+    DEFAULT_IMPORTANCE,
+    Record,
+    check_content,
+    check_importance,
+    check_metadata,
+    check_tags,
+)
 
 if TYPE_CHECKING:
     from outbox.config import Settings
     from outbox.fallback import FallbackQueue
     from outbox.store.storage import Storage
-    from outbox.write import Writer
+    from outbox.write import Accepted, Writer
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +111,11 @@ def load_pending(path: Path, min_length: int, max_bytes: int) -> PendingFile | N
         if isinstance(raw_tags, str):
             raw_tags = [tag for tag in raw_tags.split(",") if tag.strip()]
         tags = check_tags(raw_tags)
+        metadata = check_metadata(matter.get("metadata"))
     except ValidationError as exc:
         raise Skip(str(exc)) from None
-    metadata = matter.get("metadata") if isinstance(matter.get("metadata"), dict) else {}
+    except (TypeError, ValueError, OverflowError) as exc:  # a timestamp of no known shape
+        raise Skip(f"timestamp cannot be read ({exc.__class__.__name__})") from None
     stem = path.stem
     slug = stem[11:] if len(stem) > 11 and stem[4] == "-" and stem[10] == "-" else stem
     record = Record(
@@ -114,7 +124,7 @@ def load_pending(path: Path, min_length: int, max_bytes: int) -> PendingFile | N
         content=content,
         importance=importance,
         tags=tags,
-        metadata=metadata or {},
+        metadata=metadata,
         slug=slug[:128],
     )
     return PendingFile(path, record, matter)
@@ -190,32 +200,51 @@ class Replayer:
     ) -> None:
         """Commit in batches; adopt each file as its record's mirror and stamp its key."""
         for start in range(0, len(files), BATCH):
-            chunk = files[start : start + BATCH]
             unique: dict[str, PendingFile] = {}
-            for item in chunk:
+            for item in files[start : start + BATCH]:
                 if item.record.key in unique:
                     report.already.append(str(item.path))
                 else:
                     unique[item.record.key] = item
-            adopted = {key: self._name_for(item.path) for key, item in unique.items()}
-            accepted = self.writer.commit([i.record for i in unique.values()], adopted)
-            for entry in accepted:
-                item = unique[entry.record.key]
-                (report.already if entry.duplicate else report.imported).append(str(item.path))
-                updates: dict[str, Any] = {} if entry.duplicate else {"key": entry.record.key}
-                if item.matter.get("outbox_fallback") is True:
-                    # Its record is in the outbox now, whoever put it there: no longer queued.
-                    updates["outbox_fallback"] = False
-                if not updates:
-                    continue
-                try:
-                    markdown.update_front_matter(item.path, updates)
-                except OSError as exc:
-                    report.warnings.append(
-                        f"{item.path}: front matter not updated ({exc.strerror})"
-                    )
+            for entry in self._commit(list(unique.values()), report):
+                self._stamp(entry, unique[entry.record.key], report)
             if progress:
                 progress(min(start + BATCH, len(files)), len(files))
+
+    def _commit(self, items: list[PendingFile], report: ReplayReport) -> list[Accepted]:
+        """One transaction for the batch; if something other than the database refuses it,
+        each file alone, so one bad file is skipped and never costs the others."""
+        adopted = {item.record.key: self._name_for(item.path) for item in items}
+        try:
+            return self.writer.commit([item.record for item in items], adopted)
+        except UNAVAILABLE:
+            raise  # the database itself: the caller falls back and imports later
+        except Exception:
+            if len(items) == 1:
+                raise
+        accepted: list[Accepted] = []
+        for item in items:
+            try:
+                accepted += self._commit([item], report)
+            except UNAVAILABLE:
+                raise
+            except Exception as exc:
+                report.skipped.append((str(item.path), f"not imported ({exc.__class__.__name__})"))
+        return accepted
+
+    def _stamp(self, entry: Accepted, item: PendingFile, report: ReplayReport) -> None:
+        """Mark an imported file with its key, and take it off the fallback queue."""
+        (report.already if entry.duplicate else report.imported).append(str(item.path))
+        updates: dict[str, Any] = {} if entry.duplicate else {"key": entry.record.key}
+        if item.matter.get("outbox_fallback") is True:
+            # Its record is in the outbox now, whoever put it there: no longer queued.
+            updates["outbox_fallback"] = False
+        if not updates:
+            return
+        try:
+            markdown.update_front_matter(item.path, updates)
+        except OSError as exc:
+            report.warnings.append(f"{item.path}: front matter not updated ({exc.strerror})")
 
     def replay_dir(
         self,

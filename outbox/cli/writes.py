@@ -48,7 +48,6 @@ def cmd_add(args: argparse.Namespace) -> int:
         **fields,
     )
     from outbox.api import Outbox
-    from outbox.fallback import UNAVAILABLE
     from outbox.states import ReceiptStatus
 
     # The write first, the open-time repair after it: on a locked database the command then
@@ -58,7 +57,7 @@ def cmd_add(args: argparse.Namespace) -> int:
         if receipt.status != ReceiptStatus.FALLBACK:
             try:
                 ob.sync_mirrors()
-            except UNAVAILABLE as exc:  # the write stands; the next open repairs
+            except Exception as exc:  # the write stands, committed; the next open repairs
                 logging.getLogger("outbox").warning(
                     "mirror repair after the write skipped (%s)", exc.__class__.__name__
                 )
