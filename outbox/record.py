@@ -73,8 +73,10 @@ def check_content(
 
 def check_importance(importance: object) -> int:
     if isinstance(importance, bool) or not isinstance(importance, int):
-        if isinstance(importance, str) and importance.strip().lstrip("-").isdigit():
-            importance = int(importance)
+        text = importance.strip() if isinstance(importance, str) else ""
+        # ASCII digits only: "²" and other Unicode digits pass isdigit() but not int().
+        if text.lstrip("-").isascii() and text.lstrip("-").isdigit():
+            importance = int(text)
         else:
             raise ValidationError("importance", f"must be a whole number 1..10, not {importance!r}")
     if not 1 <= importance <= 10:
