@@ -239,3 +239,17 @@ def test_files_are_0600_and_folders_0700(
     }
     assert set(folders) == {str(p) for p in expected_folders}
     assert {p: oct(m) for p, m in folders.items() if m != 0o700} == {}
+
+
+def test_an_error_line_names_no_markdown_file(tmp_path: Path) -> None:
+    """A markdown file's name carries the first words of its memory; the command line's one
+    error line names the folder instead, and keeps other paths (database, log) as they are."""
+    from outbox.cli.common import error_line
+
+    secret = tmp_path / "md" / "2026-11-29-my-bank-password-is-hunter2-0a1b2c3d.md"
+    line = error_line(PermissionError(13, "Permission denied", str(secret)))
+    assert "hunter2" not in line
+    assert line == f"Permission denied: a markdown file in {secret.parent}"
+    database = tmp_path / ".outbox" / "outbox.db"
+    assert error_line(OSError(5, "Input/output error", str(database))).endswith(str(database))
+    assert error_line(RuntimeError("first line\nsecond line")) == "first line"

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Sequence
 
 from outbox.cli import delivery, memory, status, writes
-from outbox.cli.common import EXIT_FAILED, EXIT_INVALID, EXIT_OK, Handler, fail
+from outbox.cli.common import EXIT_FAILED, EXIT_INVALID, EXIT_OK, Handler, error_line, fail
 from outbox.errors import ConfigError, OutboxError, ValidationError
 
 __all__ = ["EXIT_FAILED", "EXIT_INVALID", "EXIT_OK", "build_parser", "main"]
@@ -66,6 +66,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return fail("interrupted", 130)
     except Exception as exc:  # one error line on the command line, never a traceback
-        # One line: SQLAlchemy's messages go on with the statement and a help link.
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        return fail(f"{exc.__class__.__name__}: {first}", EXIT_FAILED)
+        return fail(f"{exc.__class__.__name__}: {error_line(exc)}", EXIT_FAILED)

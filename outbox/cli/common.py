@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -31,6 +33,17 @@ def emit(args: argparse.Namespace, payload: dict[str, Any], text: str) -> None:
         sys.stdout.write(json.dumps(payload, ensure_ascii=False, default=str) + "\n")
     elif text:
         sys.stdout.write(text.rstrip("\n") + "\n")
+
+
+def error_line(exc: BaseException) -> str:
+    """The first line of an error, naming no markdown file: a file's name carries the first
+    words of its memory, and error lines end up in logs and issues."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        where = Path(os.fsdecode(exc.filename))
+        shown = f"a markdown file in {where.parent}" if where.suffix == ".md" else str(where)
+        return f"{exc.strerror or 'error'}: {shown}"
+    # One line: SQLAlchemy's messages go on with the statement and a help link.
+    return str(exc).splitlines()[0] if str(exc) else ""
 
 
 def fail(message: str, code: int) -> int:

@@ -195,11 +195,15 @@ class MirrorSync:
                 report.files_written += 1
                 continue
             except markdown.MalformedMarkdown as exc:
-                report.problems.append(f"{path}: {exc}; left as it is")
+                report.problems.append(
+                    f"record {key[:12]}: its markdown file: {exc}; left as it is"
+                )
                 continue
             owner = current.get("key")
             if owner and owner != key:  # never write one record's state into another's file
-                report.problems.append(f"{path}: carries another key; left as it is")
+                report.problems.append(
+                    f"record {key[:12]}: its markdown file carries another key; left as it is"
+                )
                 continue
             merged = {**current, **matter.delivery_updates(current, state, record_rows)}
             if merged != current:

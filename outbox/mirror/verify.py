@@ -32,6 +32,14 @@ class VerifyReport:
             self.problems.append("… more problems not listed")
 
 
+def _why(exc: Exception) -> str:
+    """What went wrong, without the file's name (a markdown file's name carries words of
+    its content, and verify's output ends up in logs and issues)."""
+    if isinstance(exc, OSError):
+        return exc.strerror or exc.__class__.__name__
+    return str(exc)
+
+
 def verify(storage: Storage, jsonl: JsonlLog, markdown_dir: Path, mirror_id: str) -> VerifyReport:
     """Check the chain, one accepted line per record, and each record's markdown file."""
     report = VerifyReport()
@@ -62,23 +70,27 @@ def verify(storage: Storage, jsonl: JsonlLog, markdown_dir: Path, mirror_id: str
         key = item.record.key
         count = accepted.pop(key, 0)
         if count != 1:
-            report.add(f"record {key}: {count} accepted lines in {jsonl.path} (expected 1)")
+            report.add(f"record {key[:12]}: {count} accepted lines in {jsonl.path} (expected 1)")
         elif described.get(key) != (item.record.importance, list(item.record.tags)):
-            report.add(f"record {key}: importance or tags in {jsonl.path} differ from the database")
+            report.add(
+                f"record {key[:12]}: importance or tags in {jsonl.path} differ from the database"
+            )
         path = markdown_dir / item.markdown_name
         try:
             matter, body = markdown.read(path)
         except FileNotFoundError:
-            report.add(f"record {key}: markdown file {path} is missing")
+            report.add(f"record {key[:12]}: its markdown file is missing from {markdown_dir}")
             continue
         except (OSError, markdown.MalformedMarkdown) as exc:
-            report.add(f"record {key}: markdown file {path} is unreadable ({exc})")
+            report.add(f"record {key[:12]}: its markdown file is unreadable ({_why(exc)})")
             continue
         report.markdown_files += 1
         if matter.get("key") not in (None, key):
-            report.add(f"record {key}: {path} carries another key")
+            report.add(f"record {key[:12]}: its markdown file carries another key")
         if body != item.record.content.encode("utf-8"):
-            report.add(f"record {key}: body of {path} differs from the stored content")
+            report.add(
+                f"record {key[:12]}: the body of its markdown file differs from the stored content"
+            )
     for key, count in accepted.items():
-        report.add(f"{count} accepted line(s) for {key}, which the database does not hold")
+        report.add(f"{count} accepted line(s) for {key[:12]}, which the database does not hold")
     return report
