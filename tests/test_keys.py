@@ -183,3 +183,16 @@ def test_bad_timestamps_are_rejected(bad: object) -> None:
 def test_instant_outside_the_range_is_a_validation_error() -> None:
     with pytest.raises(ValidationError, match="timestamp"):
         build_record("some content", timestamp="0001-01-01T00:00:00+05:00")
+
+
+def test_nfc_and_nfd_are_two_keys() -> None:
+    """Content is identified by its exact bytes: two Unicode forms of one text are two
+    records, as docs/guarantees.md says (a caller normalises first if it wants one)."""
+    import unicodedata
+
+    text = "café au lait, décidé"
+    nfc, nfd = unicodedata.normalize("NFC", text), unicodedata.normalize("NFD", text)
+    ts = "2026-11-29T08:00:00Z"
+    first, second = build_record(nfc, timestamp=ts), build_record(nfd, timestamp=ts)
+    assert (first.content, second.content) == (nfc, nfd)  # kept as given, not normalised
+    assert first.key != second.key
