@@ -27,10 +27,11 @@ from outbox.mirror.verify import VerifyReport
 from outbox.operations import DeadLetters, status_report, wait_delivered
 from outbox.receipt import Receipt, store_failed_text
 from outbox.record import DEFAULT_IMPORTANCE, Record, build_record
+from outbox.safe_files import check_store
 from outbox.states import ReceiptStatus
 from outbox.store import migrate
 from outbox.store.bounded import call_within
-from outbox.store.engine import make_engine
+from outbox.store.engine import make_engine, sqlite_path
 from outbox.store.storage import Storage
 from outbox.write import WRITE_MARGIN_SECONDS, Writer
 
@@ -52,6 +53,7 @@ class Outbox:
     """
 
     def __init__(self, settings: Settings, *, repair: bool = True) -> None:
+        check_store(settings, sqlite_path(settings.db_url))  # before anything is opened
         self.settings = settings
         self.engine = make_engine(settings, writer=True)
         self.reader = make_engine(settings, writer=False) if settings.is_sqlite else self.engine

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from outbox.folders import ensure_private_dir
+from outbox.safe_files import open_file
 
 GENESIS = "0" * 64
 _TAIL_CHUNK = 65_536
@@ -54,6 +55,9 @@ class LogLine:
     event: dict[str, Any]
 
 
+_WHAT = "JSONL log"
+
+
 class JsonlLog:
     """Appends and reads the log; keeps the last hash cached while the file is ours alone."""
 
@@ -74,7 +78,7 @@ class JsonlLog:
             self.close()
         if self._fd is None or current is None:
             ensure_private_dir(self.path.parent)
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+            self._fd = open_file(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, what=_WHAT)
             self._cached = None
             current = os.fstat(self._fd)
             self._inode = current.st_ino
@@ -141,7 +145,7 @@ class JsonlLog:
         if offset == 0:
             return True
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = open_file(self.path, os.O_RDONLY, what=_WHAT)
         except FileNotFoundError:
             return False
         try:
@@ -158,9 +162,9 @@ class JsonlLog:
 
     def repair_tail(self) -> int:
         """Cut a torn last line; returns the resulting size (0 when the file is missing)."""
-        if not self.path.exists():
+        if not os.path.lexists(self.path):
             return 0
-        fd = os.open(self.path, os.O_RDWR)
+        fd = open_file(self.path, os.O_RDWR, what=_WHAT)
         try:
             size, last = self._tail(fd, os.fstat(fd).st_size)
         finally:
@@ -183,7 +187,7 @@ class JsonlLog:
     def lines(self, offset: int = 0) -> Iterator[LogLine]:
         """Lines from ``offset`` on; a line that is not JSON yields an empty event."""
         try:
-            handle = self.path.open("rb")
+            handle = os.fdopen(open_file(self.path, os.O_RDONLY, what=_WHAT), "rb")
         except FileNotFoundError:
             return
         with handle:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from outbox.errors import MirrorBusy
 from outbox.folders import ensure_private_dir
+from outbox.safe_files import open_file
 
 
 class MirrorLock:
@@ -30,7 +31,7 @@ class MirrorLock:
     def _open(self) -> int:
         if self._fd is None:
             ensure_private_dir(self.path.parent)
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            self._fd = open_file(self.path, os.O_RDWR | os.O_CREAT, what="mirror lock")
         return self._fd
 
     @contextlib.contextmanager

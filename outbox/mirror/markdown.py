@@ -197,7 +197,7 @@ def write_new(path: Path | str, data: bytes) -> bool:
     Not fsynced: the database is the source of truth and repair rewrites a lost file.
     """
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
         return False
     _fill(fd, data, path, fsync=False)
@@ -213,7 +213,7 @@ def write_atomic(path: Path, data: bytes, *, exclusive: bool = False, durable: b
     """
     # Per thread: two threads writing the same name must not share (and truncate) one temp.
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     _fill(fd, data, tmp, fsync=durable)
     try:
         if exclusive:
@@ -235,7 +235,10 @@ def write_atomic(path: Path, data: bytes, *, exclusive: bool = False, durable: b
 
 
 def read(path: Path) -> tuple[dict[str, Any], bytes]:
-    return parse(path.read_bytes())
+    """A file's (front matter, body); a symlink is refused (ELOOP), never followed, so a
+    planted link cannot pull another file's text into the store or its mirrors."""
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as handle:
+        return parse(handle.read())
 
 
 def update_front_matter(

@@ -33,7 +33,7 @@ def _prepare_sqlite_file(path: Path) -> None:
     if not path.parent.exists():
         ensure_private_dir(path.parent)
     if not path.exists():
-        fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
         os.close(fd)
 
 
