@@ -52,9 +52,9 @@ def fail(message: str, code: int) -> int:
     return code
 
 
-def open_outbox() -> Outbox:
+def open_outbox(*, repair: bool = True) -> Outbox:
     """The outbox of the usual settings, imported here so a command that needs none starts
-    without the database layer."""
+    without the database layer; ``repair=False`` writes nothing to the mirrors on open."""
     from outbox.api import Outbox
 
-    return Outbox.open()
+    return Outbox.open(repair=repair)

@@ -39,7 +39,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    with open_outbox() as ob:
+    # A plain verify only reads: it must not repair what it is there to report.
+    with open_outbox(repair=args.repair) as ob:
         if args.repair:
             ob.sync_mirrors(full=True)
         report = ob.verify()

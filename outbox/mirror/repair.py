@@ -48,6 +48,20 @@ def cut_short(path: Path, record: Record, rows: list[DeliveryRow]) -> bool:
     return len(data) < len(initial) and initial.startswith(data)
 
 
+def restore_body(path: Path, record: Record) -> bool:
+    """Give an existing file the record's content back under its own front matter; returns
+    whether it had to (a file that cannot be parsed is left to the caller's report)."""
+    try:
+        current, body = markdown.read(path)
+    except (OSError, markdown.MalformedMarkdown):
+        return False
+    content = record.content.encode("utf-8")
+    if body == content or current.get("key") not in (None, record.key):
+        return False
+    markdown.write_atomic(path, markdown.render(current, content), durable=False)
+    return True
+
+
 _EVENTS = {
     DeliveryState.DELIVERED: MirrorEvent.DELIVERED,
     DeliveryState.DEAD: MirrorEvent.DEAD,
@@ -101,7 +115,9 @@ class MirrorSync:
                 events.add((str(event["event"]), str(event.get("key")), str(event.get("sink"))))
         last_seq = seq
         while batch := self.storage.records.records_after(self.mirror_id, last_seq):
-            self._catch_up(batch, accepted, report)
+            self._catch_up(batch, accepted, report, full=full)
+            if full:
+                self._restore_events(batch, events, report)
             last_seq = batch[-1].seq
         self.sync_deliveries(events, report)
         size, last_line = self.jsonl.end()
@@ -111,10 +127,29 @@ class MirrorSync:
             )
         return report
 
-    def _catch_up(
-        self, batch: list[StoredRecord], accepted: set[str], report: RepairReport
+    def _restore_events(
+        self, batch: list[StoredRecord], seen: set[tuple[str, str, str]], report: RepairReport
     ) -> None:
-        """Append the accepted lines ``batch`` lacks, and write its missing or torn files."""
+        """Append the outcome lines the log lost (a cut tail, an edit): the database says
+        each delivery's state, and a repair adds the missing line rather than rewrite any."""
+        rows = self.storage.deliveries.deliveries_for(item.record.key for item in batch)
+        lines = []
+        for row in (row for group in rows.values() for row in group):
+            event = delivery_event(row)
+            if event is None or row.mirror_pending:
+                continue  # still on its way: the delivery sync writes it
+            marker = (str(event["event"]), row.key, row.sink)
+            if marker not in seen:
+                lines.append(event)
+                seen.add(marker)
+        self.jsonl.append(lines)
+        report.lines_appended += len(lines)
+
+    def _catch_up(
+        self, batch: list[StoredRecord], accepted: set[str], report: RepairReport, full: bool
+    ) -> None:
+        """Append the accepted lines ``batch`` lacks, and write its missing or torn files
+        (``full``: also restore a body edited since, from the database)."""
         deliveries = self.storage.deliveries.deliveries_for(item.record.key for item in batch)
         missing = [item for item in batch if item.record.key not in accepted]
         if missing:
@@ -136,6 +171,8 @@ class MirrorSync:
             rows = deliveries.get(item.record.key, [])
             torn = cut_short(path, item.record, rows)
             if not torn and path.exists():
+                if full and restore_body(path, item.record):
+                    report.files_written += 1
                 continue
             data = markdown.render(matter.delivered(item.record, rows), item.record.content)
             if torn:
@@ -206,7 +243,12 @@ class MirrorSync:
                 )
                 continue
             merged = {**current, **matter.delivery_updates(current, state, record_rows)}
-            if merged != current:
-                markdown.write_atomic(path, markdown.render(merged, body), durable=False)
+            content = item.record.content.encode("utf-8")
+            if merged != current or body != content:
+                # A body that differs (a writer cut off mid-file, an edit) is restored from
+                # the database first: new front matter never seals a wrong body in.
+                markdown.write_atomic(path, markdown.render(merged, content), durable=False)
                 report.front_matter_updated += 1
+                if body != content:
+                    report.files_written += 1
         self.storage.mirror_state.clear_mirror_pending([row.delivery_id for row in rows])

@@ -28,3 +28,12 @@ class Storage:
         self.deliveries = DeliveryStore(self.engine, self.reader)
         self.mirror_state = MirrorStateStore(self.engine, self.reader)
         self.recall = RecallQueries(self.reader)
+
+    def integrity_problems(self) -> list[str]:
+        """What the database's own check finds wrong (SQLite's ``quick_check``: pages,
+        records and indexes); a server checks itself, so PostgreSQL reports nothing."""
+        if self.dialect != "sqlite":
+            return []
+        with self.reader.connect() as conn:
+            rows = [str(row[0]) for row in conn.exec_driver_sql("PRAGMA quick_check").all()]
+        return [] if rows == ["ok"] else rows
