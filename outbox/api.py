@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
 
+from outbox.catalog import Catalog
 from outbox.config import Settings, load_settings
 from outbox.errors import StoreFailed
 from outbox.fallback import UNAVAILABLE, FallbackQueue, failure_reason
@@ -68,6 +69,7 @@ class Outbox:
         )
         self.fallback = FallbackQueue(settings.markdown_dir, settings.sinks)
         self.dead = DeadLetters(self.storage, self.mirrors)
+        self.catalog = Catalog(self.storage, self.mirrors, settings)
         self.last_repair: RepairReport | None = None
         self.last_import: ReplayReport | None = None
         self.unavailable: str | None = None

@@ -10,7 +10,7 @@ import argparse
 import logging
 from collections.abc import Sequence
 
-from outbox.cli import delivery, memory, status, writes
+from outbox.cli import delivery, memory, records, status, writes
 from outbox.cli.common import EXIT_FAILED, EXIT_INVALID, EXIT_OK, Handler, error_line, fail
 from outbox.errors import ConfigError, OutboxError, ValidationError
 
@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     writes.register_replay(command)
     memory.register(command)
     delivery.register_dead(command)
+    records.register(command)
     return parser
 
 

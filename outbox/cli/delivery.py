@@ -129,6 +129,7 @@ def cmd_dead(args: argparse.Namespace) -> int:
     if acts and not args.keys and not args.all:
         raise ValidationError("keys", "name the keys to act on, or pass --all")
     with open_outbox() as ob:
+        args.keys = [ob.catalog.resolve(key) for key in args.keys]  # a unique prefix serves
         if args.action == "list":
             _dead_list(args, ob)
         elif args.action == "show":

@@ -333,6 +333,18 @@ class RecordStore:
                 yield row_to_record(row)
             last = rows[-1].seq
 
+    def keys_with_prefix(self, prefix: str, limit: int = 10) -> list[str]:
+        """Up to ``limit`` keys starting with ``prefix`` (lowercase hex), in key order: an
+        index range, since every key character sorts below "g"."""
+        with self.reader.connect() as conn:
+            rows = conn.execute(
+                select(records.c.key)
+                .where(records.c.key >= prefix, records.c.key < prefix + "g")
+                .order_by(records.c.key)
+                .limit(limit)
+            ).all()
+        return [str(row[0]) for row in rows]
+
     def count_records(self) -> int:
         """How many records the outbox holds."""
         with self.reader.connect() as conn:
