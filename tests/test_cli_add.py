@@ -175,9 +175,10 @@ def test_drain_and_dead_letters_on_the_command_line(tmp_path: Path) -> None:
     assert (row["key"], row["state"], row["reason"]) == (bad["key"], "dead", "rejected")
     assert row["markdown"] == bad["markdown_path"]
 
+    # As for outbox show: no such record is exit 1, named by the prefix it was given.
     missing = run_cli(["dead", "show", "0" * 64], cwd=tmp_path, env=env)
-    assert (missing.returncode, missing.stdout) == (2, b"")
-    assert missing.stderr == b"outbox: invalid keys: no record with those keys\n"
+    assert (missing.returncode, missing.stdout) == (1, b"")
+    assert missing.stderr == f"outbox: no record with a key starting {'0' * 64}\n".encode()
     unnamed = run_cli(["dead", "retry"], cwd=tmp_path, env=env)
     assert unnamed.returncode == 2 and b"name the keys" in unnamed.stderr
 
