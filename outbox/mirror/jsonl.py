@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,8 +61,11 @@ _WHAT = "JSONL log"
 class JsonlLog:
     """Appends and reads the log; keeps the last hash cached while the file is ours alone."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, on_torn: Callable[[], object] | None = None) -> None:
+        """``on_torn`` runs whenever a torn last line is cut: lines may have been lost with
+        it whose outcomes the database already counts as written, so repair must look."""
         self.path = path
+        self.on_torn = on_torn
         self._cached: tuple[int, str] | None = None  # (file size, hash of last line)
         self._fd: int | None = None
         self._inode = 0
@@ -96,6 +99,8 @@ class JsonlLog:
         if os.pread(fd, 1, size - 1) != b"\n":
             size = self._find_line_start(fd, size)
             os.ftruncate(fd, size)
+            if self.on_torn is not None:
+                self.on_torn()
             return self._tail(fd, size)
         start = self._find_line_start(fd, size - 1)
         return size, line_hash(os.pread(fd, size - 1 - start, start))

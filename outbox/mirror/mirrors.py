@@ -42,7 +42,7 @@ class Mirrors:
         sinks: Sequence[str],
     ) -> None:
         self.storage = storage
-        self.jsonl = JsonlLog(jsonl_path)
+        self.jsonl = JsonlLog(jsonl_path, on_torn=self._rescan_next_time)
         self.lock = MirrorLock(jsonl_path.with_name(jsonl_path.name + ".lock"))
         self.markdown_dir = markdown_dir
         self.mirror_id = mirror_id
@@ -60,6 +60,15 @@ class Mirrors:
             mirror_id=settings.mirror_id,
             sinks=settings.sinks,
         )
+
+    def _rescan_next_time(self) -> None:
+        """A torn tail was cut (by whichever append or repair met it first): forget the
+        repair's watermark, so the next repair reads the whole log and puts back any line
+        lost with the tail, outcome lines included."""
+        try:
+            self.storage.mirror_state.set_mirror_watermark(self.mirror_id, 0, 0, None)
+        except Exception as exc:  # this process's own repair still sees the cut
+            log.warning("could not reset the mirror watermark (%s)", exc.__class__.__name__)
 
     def hold(self, deadline: float | None = None) -> contextlib.AbstractContextManager[None]:
         """The mirror lock: whoever holds it sees every committed record either mirrored or

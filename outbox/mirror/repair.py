@@ -101,9 +101,16 @@ class MirrorSync:
         size = self.jsonl.repair_tail()
         report.torn_bytes_cut = before - size
         seq, offset, remembered = self.storage.mirror_state.mirror_watermark(self.mirror_id)
-        if full or not self.jsonl.continues_at(offset, remembered):
-            # The log lost its tail (power loss) or was replaced, maybe written to since:
-            # reading on from the old offset would miss lines, so rescan it all.
+        # A torn tail was cut, or the log lost its tail (power loss) or was replaced, maybe
+        # written to since: lines may be gone whose database flags were already cleared, so
+        # rescan it all, and put back the outcome lines it lost too.
+        rescan = (
+            full
+            or report.torn_bytes_cut > 0
+            or offset == 0  # never repaired, or reset when an append cut a torn tail
+            or not self.jsonl.continues_at(offset, remembered)
+        )
+        if rescan:
             seq, offset = 0, 0
         accepted: set[str] = set()
         events: set[tuple[str, str, str]] = set()
@@ -116,7 +123,7 @@ class MirrorSync:
         last_seq = seq
         while batch := self.storage.records.records_after(self.mirror_id, last_seq):
             self._catch_up(batch, accepted, report, full=full)
-            if full:
+            if rescan:
                 self._restore_events(batch, events, report)
             last_seq = batch[-1].seq
         self.sync_deliveries(events, report)
