@@ -20,6 +20,7 @@ from outbox.errors import ConfigError
 ENV_PREFIX = "OUTBOX_"
 BUILTIN_SINKS = ("chroma", "brainlayer")
 SYNCHRONOUS_MODES = ("FULL", "NORMAL", "EXTRA")
+CHROMA_MODES = ("server", "embedded")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _DURATION_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -35,6 +36,8 @@ class Settings:
     sinks: tuple[str, ...] = ("chroma",)
     chroma_path: Path = Path()
     chroma_url: str | None = None
+    chroma_mode: str = "server"
+    chroma_idle: float = 600.0
     chroma_collection: str = "agent-memory"
     brainlayer_db: Path | None = None
     brainlayer_mcp: str | None = None
@@ -178,6 +181,7 @@ _SECONDS_MINIMUM = {
     "busy_timeout": 0.0,
     "lease_seconds": 1.0,
     "sink_timeout": 0.1,
+    "chroma_idle": 0.0,
 }
 
 
@@ -202,7 +206,16 @@ def _typed(raw: dict[str, tuple[str, Any]]) -> dict[str, Any]:
                     label, f"must be one of {', '.join(SYNCHRONOUS_MODES)}, got {value!r}"
                 )
             values[name] = mode
+        elif name == "chroma_mode":
+            values[name] = _as_choice(label, value, CHROMA_MODES)
     return values
+
+
+def _as_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    choice = str(value).strip().lower()
+    if choice not in choices:
+        raise ConfigError(name, f"must be one of {', '.join(choices)}, got {value!r}")
+    return choice
 
 
 def _check_texts(values: dict[str, Any]) -> None:
@@ -235,6 +248,10 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
     values = _typed(_gather(os.environ if env is None else env, overrides))
     _check_texts(values)
     settings = replace(Settings(), **values)
+    if settings.chroma_url and settings.chroma_mode == "embedded":
+        raise ConfigError(
+            "OUTBOX_CHROMA_MODE", "embedded opens OUTBOX_CHROMA_PATH; unset OUTBOX_CHROMA_URL"
+        )
     home = settings.home
     defaults: dict[str, Any] = {}
     if not settings.db_url:

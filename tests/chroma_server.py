@@ -10,6 +10,10 @@ Tests that need a Chroma server share one per module through a module-scoped fix
 ``server.url`` goes into ``OUTBOX_CHROMA_URL``. ``stop()`` then ``start()`` restarts it on the
 same data folder and port (an outage); ``freeze()``/``thaw()`` send SIGSTOP/SIGCONT (a server
 that accepts connections but never answers), and ``with server.frozen():`` does both.
+
+The shared server the library starts by itself for a store folder outlives the test that
+started it; ``stop_shared_server(folder)`` ends it, and ``shared_server_processes(folder)``
+lists what runs for it.
 """
 
 from __future__ import annotations
@@ -140,3 +144,59 @@ class ChromaServer:
         _tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _chroma_processes() -> dict[int, list[str]]:
+    """Every live process (but this one) with ``chroma`` in its arguments."""
+    found: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            raw = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        args = [arg.decode(errors="replace") for arg in raw.split(b"\0") if arg]
+        if any("chroma" in arg for arg in args):
+            found[int(entry.name)] = args
+    return found
+
+
+def shared_server_processes(folder: Path) -> dict[int, list[str]]:
+    """The live processes (supervisor, ``chroma run``) whose arguments name ``folder``."""
+    needle = str(Path(folder).resolve())
+    return {pid: args for pid, args in _chroma_processes().items() if needle in args}
+
+
+def supervisors(folder: Path) -> list[int]:
+    """The pids of the supervisors running a shared server for ``folder``."""
+    return sorted(
+        pid
+        for pid, args in shared_server_processes(folder).items()
+        if "outbox.sinks.chroma_supervisor" in args
+    )
+
+
+def stop_shared_server(folder: Path, timeout: float = 30.0) -> None:
+    """End the library's shared server of ``folder``: SIGTERM, then SIGKILL what is left."""
+    for pid in shared_server_processes(folder):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while shared_server_processes(folder) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in shared_server_processes(folder):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def stop_servers_under(root: Path) -> None:
+    """End every shared server whose store lies below ``root`` (a test's own folder), so no
+    test leaves one running until its idle stop."""
+    prefix = str(Path(root).resolve()) + os.sep
+    folders = {
+        arg for args in _chroma_processes().values() for arg in args if arg.startswith(prefix)
+    }
+    for folder in folders:
+        stop_shared_server(Path(folder))

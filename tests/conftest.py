@@ -14,13 +14,17 @@ FAULTY = "outbox.testing.sinks:FaultySink"
 
 
 @pytest.fixture(autouse=True)
-def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Clean OUTBOX_* environment and a private working directory per test."""
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Clean OUTBOX_* environment and a private working directory per test; afterwards, no
+    shared Chroma server of the test's own stores is left running."""
     for name in list(os.environ):
         if name.startswith("OUTBOX_") and name != "OUTBOX_TEST_PG_URL":
             monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
-    return tmp_path
+    yield tmp_path
+    from tests.chroma_server import stop_servers_under
+
+    stop_servers_under(tmp_path)
 
 
 @pytest.fixture

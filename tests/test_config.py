@@ -51,6 +51,7 @@ def test_defaults() -> None:
     assert s.sinks == ("chroma",)
     assert s.chroma_path == Path(".outbox/chroma")
     assert s.chroma_url is None
+    assert s.chroma_mode == "server" and s.chroma_idle == 600.0
     assert s.chroma_collection == "agent-memory"
     assert s.brainlayer_db is None
     assert s.synchronous == "FULL"
@@ -182,3 +183,15 @@ def test_first_bad_value_is_named() -> None:
         load_settings(env={"OUTBOX_BATCH_SIZE": "ten"})
     assert info.value.setting == "OUTBOX_BATCH_SIZE"
     assert "ten" in str(info.value)
+
+
+def test_chroma_mode_and_idle_are_checked_and_named() -> None:
+    assert load_settings(env={"OUTBOX_CHROMA_MODE": " Embedded "}).chroma_mode == "embedded"
+    assert load_settings(env={"OUTBOX_CHROMA_IDLE": "0"}).chroma_idle == 0.0
+    assert load_settings(env={"OUTBOX_CHROMA_IDLE": "2h"}).chroma_idle == 7200.0
+    with pytest.raises(ConfigError, match=r"OUTBOX_CHROMA_MODE.*server, embedded"):
+        load_settings(env={"OUTBOX_CHROMA_MODE": "persistent"})
+    with pytest.raises(ConfigError, match="OUTBOX_CHROMA_IDLE"):
+        load_settings(env={"OUTBOX_CHROMA_IDLE": "soon"})
+    with pytest.raises(ConfigError, match=r"OUTBOX_CHROMA_MODE.*unset OUTBOX_CHROMA_URL"):
+        load_settings(env={"OUTBOX_CHROMA_MODE": "embedded"}, chroma_url="http://127.0.0.1:1")

@@ -1,8 +1,10 @@
 """The Chroma sink: records become documents whose id is the record key, written by upsert.
 
-Embedded by default: a ``PersistentClient`` in a child process (see ``chroma_local`` for
-why); a ``chroma run`` server when ``OUTBOX_CHROMA_URL`` is set, the only safe choice when
-several processes write (docs/research/chroma.md). Collections get no embedding function:
+By default a ``chroma run`` server on ``OUTBOX_CHROMA_PATH`` that every process of the machine
+shares, started by the first that needs it (``chroma_service``): one embedded folder must not
+be opened by two processes (docs/research/chroma.md). ``OUTBOX_CHROMA_URL`` names a server run
+by someone else; ``OUTBOX_CHROMA_MODE=embedded`` opens the folder in a child process of this
+one (``chroma_local``), for a single process. Collections get no embedding function:
 the sink always sends precomputed vectors, so Chroma never reaches for its default model (a
 download) and a ConnectError always means the server. Nothing connects before the first call,
 which runs under the dispatcher's timeout.
@@ -13,9 +15,10 @@ chromadb's and httpx's exceptions); the sink's own troubles keep their own class
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ from outbox.record import Record
 from outbox.sinks.base import Delivered, Outcome, Rejected
 from outbox.sinks.chroma_client import Backend, ServerBackend, chroma_failure, parse_chroma_url
 from outbox.sinks.chroma_documents import chroma_metadata, has_visible_text, vector_problem
+from outbox.sinks.chroma_index import ActiveIndex, IndexPointer
 from outbox.sinks.embedding import Embedder, embedding_name, load_embedding
 
 __all__ = [
@@ -45,7 +49,7 @@ class EmbeddingMismatch(OutboxError):
     """The collection's vectors come from another embedder than ``OUTBOX_EMBEDDING``.
 
     Not a ValueError, so the dispatcher retries instead of dead-lettering: the records are
-    fine, the setting (or ``OUTBOX_CHROMA_COLLECTION``) needs fixing.
+    fine; ``outbox reindex`` (or the old setting) makes them deliverable.
     """
 
 
@@ -74,6 +78,9 @@ class ChromaSink:
         embedding: str = "minilm",
         timeout: float = 25.0,
         name: str = "chroma",
+        mode: str = "server",
+        idle: float = 600.0,
+        index_home: Path | None = None,
     ) -> None:
         if url is None and path is None:
             raise ConfigError("OUTBOX_CHROMA_PATH", "the Chroma sink needs a path or a URL")
@@ -83,55 +90,124 @@ class ChromaSink:
         self.server = parse_chroma_url(url) if url else None
         self.embedding = embedding
         self.timeout = timeout
+        self.mode, self.idle = mode, idle
         self._lock = threading.Lock()
         self._backend: Backend | None = None
         self._max_batch: int | None = None
+        # With a home, the collection (and its embedder) is the one the index pointer names.
+        self._pointer = IndexPointer(index_home, collection) if index_home else None
+        self._checked: dict[tuple[str, str], int] = {}  # (collection, embedder): batch limit
+        self._held = threading.local()
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> ChromaSink:
+    def from_settings(cls, settings: Settings, *, collection: str | None = None) -> ChromaSink:
+        """The sink of ``settings``, following the active index; ``collection`` pins one
+        collection instead (a reindex filling its new one)."""
         return cls(
-            settings.chroma_collection,
+            collection or settings.chroma_collection,
             path=settings.chroma_path,
             url=settings.chroma_url,
             embedding=settings.embedding,
             timeout=settings.sink_timeout,
+            mode=settings.chroma_mode,
+            idle=settings.chroma_idle,
+            index_home=None if collection else settings.home,
         )
 
     def embedder(self) -> Embedder:
-        return load_embedding(self.embedding)
+        """The active index's embedder: queries and records must meet its vectors."""
+        return load_embedding(self.active_index().embedding or self.embedding)
+
+    def active_index(self) -> ActiveIndex:
+        """The collection serving now and the setting that built it (a reindex moves it);
+        inside a call, the one that call holds."""
+        held: ActiveIndex | None = getattr(self._held, "active", None)
+        if held is not None:
+            return held
+        found = self._pointer.read() if self._pointer else None
+        if found is None:
+            return ActiveIndex(self.collection_name, self.embedding)
+        return ActiveIndex(found.collection, found.embedding or self.embedding, found.generation)
+
+    @contextlib.contextmanager
+    def _selected(self) -> Iterator[ActiveIndex]:
+        """The active index, held (a shared lock) so a reindex cannot switch it while this
+        call uses it; a nested call of the same thread keeps the outer one."""
+        held: ActiveIndex | None = getattr(self._held, "active", None)
+        if held is not None:
+            yield held
+            return
+        with self._pointer.held() if self._pointer else contextlib.nullcontext():
+            self._held.active = self.active_index()
+            try:
+                yield self._held.active
+            finally:
+                self._held.active = None
 
     def _backend_now(self) -> tuple[Backend, int | None]:
         with self._lock:
             if self._backend is None:
-                if self.server is not None:
-                    self._backend = ServerBackend(*self.server, timeout=self.timeout)
-                else:
-                    from outbox.sinks.chroma_local import LocalBackend
-
-                    assert self.path is not None
-                    self._backend = LocalBackend(self.path, timeout=self.timeout)
+                self._backend = self._new_backend()
             return self._backend, self._max_batch
+
+    def _new_backend(self) -> Backend:
+        """The given server, else the shared one on the folder, else the embedded child."""
+        if self.server is not None:
+            return ServerBackend(*self.server, timeout=self.timeout)
+        assert self.path is not None
+        if self.mode == "embedded":
+            from outbox.sinks.chroma_local import LocalBackend
+
+            return LocalBackend(self.path, timeout=self.timeout)
+        from outbox.sinks.chroma_service import SharedBackend
+
+        return SharedBackend(self.path, timeout=self.timeout, idle=self.idle)
 
     def _open(self) -> tuple[Backend, str, int]:
         """The backend, the embedder's name and the batch limit; the first call opens the
         collection and checks it was built by the same embedder (other vector sizes would
         fail every record)."""
-        backend, max_batch = self._backend_now()
+        backend, _ = self._backend_now()
+        active = self.active_index()
         name = embedding_name(self.embedder())  # loads the model while the store starts
+        max_batch = self._checked.get((active.collection, name))
         if max_batch is None:
-            built_with, max_batch = backend.call("open", self.collection_name, name)
+            built_with, max_batch = backend.call("open", active.collection, name)
             if built_with not in (None, name):
                 raise EmbeddingMismatch(
-                    f"Chroma collection {self.collection_name!r} holds vectors from "
-                    f"{built_with!r}, but OUTBOX_EMBEDDING gives {name!r}; set the same "
-                    "embedding or another OUTBOX_CHROMA_COLLECTION"
+                    f"Chroma collection {active.collection!r} holds vectors from "
+                    f"{built_with!r}, but OUTBOX_EMBEDDING gives {name!r}; run `outbox "
+                    "reindex` to re-embed every record for it, or set the embedding back"
                 )
-            self._max_batch = max_batch
+            if active.embedding != self.embedding:
+                log.warning(
+                    "OUTBOX_EMBEDDING is %r but collection %r was built by %r, which serves "
+                    "until `outbox reindex` switches",
+                    self.embedding,
+                    active.collection,
+                    active.embedding,
+                )
+            self._checked[(active.collection, name)] = max_batch
         return backend, name, max_batch
 
     def _call(self, op: str, *args: Any) -> Any:
-        backend, name, _ = self._open()
-        return backend.call(op, self.collection_name, name, *args)
+        with self._selected() as active:
+            backend, name, _ = self._open()
+            return backend.call(op, active.collection, name, *args)
+
+    def built_with(self, collection: str) -> str | None:
+        """The embedder name recorded on ``collection`` (None: unrecorded); a missing one is
+        created empty for this sink's own embedder, so that embedder then matches."""
+        backend, _ = self._backend_now()
+        name = embedding_name(load_embedding(self.embedding))
+        built: str | None = backend.call("open", collection, name)[0]
+        return built
+
+    def retire(self, collection: str) -> bool:
+        """Delete ``collection``, an index a reindex replaced; False when it was not there."""
+        backend, _ = self._backend_now()
+        self._checked = {key: step for key, step in self._checked.items() if key[0] != collection}
+        return bool(backend.call("drop", collection, self.embedding))
 
     # -- the Sink interface ---------------------------------------------------------------
 
@@ -141,7 +217,8 @@ class ChromaSink:
         if not batch:
             return []
         try:
-            outcomes = self._deliver(batch)
+            with self._selected():  # one collection and embedder for the whole batch
+                outcomes = self._deliver(batch)
         except Exception as exc:
             failure = chroma_failure(exc)
             if failure is None:
@@ -226,5 +303,6 @@ class ChromaSink:
     def close(self) -> None:
         with self._lock:
             backend, self._backend, self._max_batch = self._backend, None, None
+            self._checked = {}
         if backend is not None:
             backend.close()

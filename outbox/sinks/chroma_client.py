@@ -170,6 +170,18 @@ class CollectionOps:
     def count(self, name: str, embedding: str) -> int:
         return self._with(name, embedding, lambda c: c.count())
 
+    def drop(self, name: str, embedding: str) -> bool:
+        """Delete collection ``name`` (an index a reindex replaced); False when it was not
+        there. ``embedding`` is unused: every operation takes the same leading arguments."""
+        from chromadb.errors import NotFoundError
+
+        self._collections.pop(name, None)
+        try:
+            self.client.delete_collection(name)
+        except NotFoundError:
+            return False
+        return True
+
     def close(self) -> None:
         close = getattr(self.client, "close", None)  # on chromadb's Client, not its ClientAPI
         if close is not None:

@@ -6,10 +6,12 @@ thread of the process stops for the whole hold, the dispatcher's timeout and the
 writes included (measured; only ``get`` lets go). So a child owns the ``PersistentClient``
 and this process waits on a pipe, which a timeout can bound.
 
-There is one child per store folder per process, shared by every sink on that folder, and a
-lock file keeps the children of other processes out: two processes writing one folder corrupt
-it (docs/research/chroma.md). A call that times out is not cancelled; the child finishes it and
-its answer is read and dropped before the next request.
+Used only when ``OUTBOX_CHROMA_MODE=embedded``; by default every process shares one server
+(``chroma_service``). There is one child per store folder per process, shared by every sink on
+that folder, and a lock file keeps the children of other processes and the shared server out:
+two processes writing one folder corrupt it (docs/research/chroma.md). A call that times out
+is not cancelled; the child finishes it and its answer is read and dropped before the next
+request.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from outbox.sinks.base import Transient
 from outbox.states import FailureReason
 
 OWNER_LOCK = "outbox-owner.lock"
-OPS = frozenset({"open", "upsert", "query", "count"})
+OPS = frozenset({"open", "upsert", "query", "count", "drop"})
 _HEADER = struct.Struct("!Q")
 # The sink's own bound comes a little after the dispatcher's, which normally fires first.
 _GRACE = 1.0
@@ -235,7 +237,8 @@ class _Ownership:
             handle.close()
             raise StoreOwned(
                 f"another writer is using the embedded Chroma at {self.path.parent} "
-                f"(process {holder}); give every process one chroma server (OUTBOX_CHROMA_URL)"
+                f"(process {holder}); leave OUTBOX_CHROMA_MODE unset (a shared server) in "
+                "every process using it, or set OUTBOX_CHROMA_URL"
             ) from None
         handle.seek(0)
         handle.truncate()

@@ -1,5 +1,9 @@
 """Helpers for the Chroma sink's tests: settings, a chromadb client of the test's own, and an
-outside process holding the embedded store's SQLite lock."""
+outside process holding the embedded store's SQLite lock.
+
+``chroma_settings`` gives the embedded mode unless a URL or ``chroma_mode`` is passed: most of
+these tests are about the embedded child; the shared server has its own (test_shared_chroma).
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import chromadb
 from outbox import Settings, load_settings
 from outbox.record import Record
 from outbox.sinks.chroma_client import parse_chroma_url
+from outbox.sinks.chroma_service import SharedServer
 
 # Zero-width space, word joiner, BOM: passes the outbox's own validation (str.strip() keeps
 # them), but the tokenizer drops every one, so it would embed to the empty string's vector.
@@ -32,6 +37,8 @@ conn.execute("ROLLBACK")
 
 
 def chroma_settings(tmp_path: Path, **overrides: Any) -> Settings:
+    if not overrides.get("chroma_url"):
+        overrides.setdefault("chroma_mode", "embedded")
     return load_settings(
         env={},
         home=tmp_path / ".outbox",
@@ -50,6 +57,9 @@ def open_client(settings: Settings) -> Iterator[Any]:
     if settings.chroma_url:
         host, port, ssl = parse_chroma_url(settings.chroma_url)
         client = chromadb.HttpClient(host=host, port=port, ssl=ssl)
+    elif settings.chroma_mode == "server":  # never open a folder a server owns
+        state = SharedServer(settings.chroma_path, settings.chroma_idle).endpoint()
+        client = chromadb.HttpClient(host=state.host, port=state.port)
     else:
         client = chromadb.PersistentClient(str(settings.chroma_path))
     try:
