@@ -92,3 +92,24 @@ def scale_figure(scale: list[dict[str, Any]], path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
+
+
+def recall_figure(result: dict[str, Any], path: Path) -> None:
+    """hit@10 of each leg, the fusion and the baselines, before the embed and after the drain."""
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(8, 4.5), dpi=110)
+    rows = [
+        (f"{name} ({phase.replace('_', ' ')})", scores["hit@10"])
+        for phase in ("before_embed", "after_drain")
+        for name, scores in result[phase].items()
+    ]
+    bars = axes.barh([label for label, _ in rows], [value for _, value in rows], color="#4c72b0")
+    for bar, (_, value) in zip(bars, rows, strict=True):
+        axes.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {value:.3f}", va="center")
+    axes.set_xlim(0, 1)
+    axes.set_xlabel("hit@10 (answering turn in the top 10)")
+    axes.invert_yaxis()
+    axes.set_title(f"Recall on {result['dataset']} ({result['questions']} questions)")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)

@@ -38,9 +38,11 @@ from outbox.write import WRITE_MARGIN_SECONDS, Writer
 
 if TYPE_CHECKING:
     from outbox.dispatch.dispatcher import Dispatcher, DrainReport
+    from outbox.recall import RecallFilter
+    from outbox.reindex import ReindexReport
     from outbox.replay import Replayer, ReplayReport
     from outbox.store.delivery_reads import DeliveryRow
-    from outbox.store.recall import RecentRow
+    from outbox.store.recall import LexicalHits, RecentRow
     from outbox.store.records import StoredRecord
 
 log = logging.getLogger(__name__)
@@ -286,6 +288,13 @@ class Outbox:
         with self.dispatcher(**options) as dispatcher:
             return dispatcher.drain(timeout=timeout)
 
+    def reindex(self, **options: Any) -> ReindexReport:
+        """Re-embed every record into a new Chroma collection for ``OUTBOX_EMBEDDING``, then
+        switch recall and delivery to it (resumable; ``Reindexer.run``'s options)."""
+        from outbox.reindex import Reindexer
+
+        return Reindexer(self.storage, self.settings, options.pop("batch", 256)).run(**options)
+
     def wait_delivered(self, key: str, sink: str | None = None, timeout: float = 30.0) -> Receipt:
         """Wait until ``key`` is delivered to ``sink`` (default: every sink), or time out.
 
@@ -373,16 +382,19 @@ class Outbox:
         session_id: str | None = None,
     ) -> list[tuple[str, float]]:
         """(key, score), best first, of records ``vector_sink`` does not hold yet (every
-        record when None) that share words with ``query``: a fresh memory is found by its
-        words before any model has embedded it."""
+        record when None) that share words with ``query``."""
         return self.storage.recall.pending_matches(
             query, vector_sink=vector_sink, limit=limit, session_id=session_id
         )
 
-    @staticmethod
-    def fuse_rankings(rankings: list[list[str]]) -> list[tuple[str, float]]:
-        """One best-first (key, score) list from several (reciprocal rank fusion), so a
-        caller merging its own vector hits with ``pending_matches`` ranks as recall does."""
-        from outbox.store import recall
+    def lexical_matches(
+        self, query: str, *, limit: int, filters: RecallFilter | None = None
+    ) -> LexicalHits:
+        """Recall's lexical leg: every record that shares words with ``query`` and passes
+        ``filters`` (applied inside the query), best first, with what relevance needs."""
+        return self.storage.recall.lexical(query, limit=limit, filters=filters)
 
-        return recall.rrf(rankings)
+    def session_neighbours(self, keys: Iterable[str]) -> dict[str, list[str]]:
+        """Each memory's neighbours in its session (just before, just after): recall lends
+        a hit's context to the turns around it."""
+        return self.storage.recall.neighbours(keys)

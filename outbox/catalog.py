@@ -17,7 +17,7 @@ from typing import IO, TYPE_CHECKING, Any
 from outbox.errors import OutboxError, ValidationError
 from outbox.folders import ensure_private_dir
 from outbox.mirror import markdown, matter
-from outbox.states import MirrorEvent
+from outbox.mirror.jsonl import accepted_event
 
 if TYPE_CHECKING:
     from outbox.config import Settings
@@ -43,14 +43,10 @@ class RecordView:
     jsonl_lines: list[int]
 
     def to_dict(self) -> dict[str, Any]:
-        record = self.record.record
+        shown = _portable(self.record)
+        del shown["event"]
         return {
-            "key": record.key,
-            "timestamp": record.timestamp,
-            "content": record.content,
-            "importance": record.importance,
-            "tags": list(record.tags),
-            "metadata": dict(record.metadata),
+            **shown,
             "sinks": self.sinks,
             "markdown_path": str(self.markdown_path),
             "jsonl_lines": self.jsonl_lines,
@@ -134,14 +130,10 @@ class Catalog:
         return self.storage.records.iter_records()
 
 
+# The accepted line's fields another tool needs: not the log's own (seq, files, sinks).
+_PORTABLE = ("event", "key", "timestamp", "content", "importance", "tags", "metadata")
+
+
 def _portable(item: StoredRecord) -> dict[str, Any]:
-    record = item.record
-    return {
-        "event": MirrorEvent.ACCEPTED.value,
-        "key": record.key,
-        "timestamp": record.timestamp,
-        "content": record.content,
-        "importance": record.importance,
-        "tags": list(record.tags),
-        "metadata": dict(record.metadata),
-    }
+    line = accepted_event(item.record, item.seq, item.markdown_name, [])
+    return {name: line[name] for name in _PORTABLE}

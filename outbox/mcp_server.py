@@ -70,8 +70,8 @@ TOOLS: list[types.Tool] = [
     types.Tool(
         name="query_raw_memories",
         description=(
-            "Search memories by meaning (vector index) and by words (memories not embedded "
-            "yet), fused; each result says where it came from."
+            "Search every memory by words and by meaning (once embedded), fused; each result "
+            "says which legs found it and its relevance (0..1). Filters apply inside the search."
         ),
         input_schema={
             "type": "object",
@@ -79,8 +79,15 @@ TOOLS: list[types.Tool] = [
                 "query": _STRING,
                 "nResults": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
                 "sessionId": _STRING,
+                "agent": _STRING,
+                "tags": {"type": "array", "items": _STRING, "description": "all of these"},
+                "minImportance": {"type": "integer", "minimum": 1, "maximum": 10},
+                "since": {"type": "string", "description": "ISO 8601, inclusive"},
+                "until": {"type": "string", "description": "ISO 8601, exclusive"},
+                "minRelevance": {"type": "number", "minimum": 0, "maximum": 1},
             },
             "required": ["query"],
+            "additionalProperties": False,
         },
         annotations=_READ_ONLY,
     ),
@@ -110,6 +117,15 @@ TOOLS: list[types.Tool] = [
         annotations=_READ_ONLY,
     ),
 ]
+
+
+def _known_only(tool: str, args: dict[str, Any]) -> None:
+    """An argument the tool's schema does not name is an error naming it, not a no-op: a
+    misspelt filter would otherwise widen the search silently."""
+    schema = next(item.input_schema for item in TOOLS if item.name == tool)
+    unknown = sorted(set(args) - set(schema["properties"]))
+    if unknown:
+        raise ValidationError(unknown[0], f"is not an argument of {tool}")
 
 
 def _optional(args: dict[str, Any], name: str) -> Any:
@@ -150,10 +166,18 @@ class ToolHandlers:
         )
 
     def query_raw_memories(self, args: dict[str, Any]) -> dict[str, Any]:
+        _known_only("query_raw_memories", args)
+        importance, relevance = _optional(args, "minImportance"), _optional(args, "minRelevance")
         return self.service.query_raw_memories(
             query=args.get("query"),  # type: ignore[arg-type]
             n_results=int(args.get("nResults") or 10),
             session_id=_optional(args, "sessionId"),
+            agent=_optional(args, "agent"),
+            tags=_optional(args, "tags"),
+            min_importance=None if importance is None else int(importance),
+            since=_optional(args, "since"),
+            until=_optional(args, "until"),
+            min_relevance=None if relevance is None else float(relevance),
         )
 
     def brain_store(self, args: dict[str, Any]) -> dict[str, Any]:

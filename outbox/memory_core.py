@@ -3,8 +3,9 @@
 ``add_memory`` is the per-turn save that must never fail: it validates, commits through the
 outbox and returns at once, with a ``visibility`` block saying what recall can see now. Recall
 is read-after-write: ``query_recent_turns`` reads the graph the write just committed, and
-``query_raw_memories`` merges Chroma's semantic hits with a lexical overlay of the records not
-embedded yet, so a fresh memory is findable by its own words before any model has run.
+``query_raw_memories`` fuses a lexical leg over every record (so a fresh memory is findable
+by its own words before any model has run) with Chroma's semantic hits, each result saying
+which legs found it and how relevant it reads (docs/memory-core.md).
 
 A turn's content is its canonical document, defined once here::
 
@@ -25,6 +26,17 @@ from typing import TYPE_CHECKING, Any
 
 from outbox.api import Outbox
 from outbox.config import Settings
+from outbox.recall import (
+    MIN_RELEVANCE,
+    Candidate,
+    Fusion,
+    RecallFilter,
+    TermWeights,
+    candidates,
+    fuse,
+    relevant,
+    with_context,
+)
 from outbox.receipt import Receipt
 from outbox.record import check_content
 from outbox.states import BuiltinSink, ReceiptStatus
@@ -37,6 +49,11 @@ log = logging.getLogger(__name__)
 PROMPT, THOUGHT, RESPONSE = "User Prompt: ", "\nAgent Thought: ", "\nAgent Response: "
 VECTOR_SINK = BuiltinSink.CHROMA
 MAX_LIMIT = 100
+# How many hits each leg hands to the fusion, at least: room below the top for the other
+# leg's evidence to lift a memory.
+LEG_DEPTH = 20
+# The fusion chosen on the development split (docs/benchmarks.md).
+FUSION = Fusion()
 # The record metadata keys the BrainLayer sink reads a memory's type and project from.
 TYPE_KEY, PROJECT_KEY = "type", "project"
 
@@ -125,10 +142,17 @@ class MemoryService:
         *,
         memory_type: str | None = None,
         project: str | None = None,
+        session_id: str | None = None,
+        agent: str | None = None,
     ) -> Receipt:
         """A plain brain_store-style memory (no turn structure). ``memory_type`` and
-        ``project`` go under the metadata keys the BrainLayer sink reads them from."""
+        ``project`` go under the metadata keys the BrainLayer sink reads them from;
+        ``session_id`` and ``agent`` where recall's filters look."""
         meta = dict(metadata or {})
+        if session_id:
+            meta["session_id"] = session_id
+        if agent:
+            meta["agent"] = agent
         if memory_type:
             meta[TYPE_KEY] = memory_type
         if project:
@@ -196,78 +220,130 @@ class MemoryService:
         return self._vector
 
     def query_raw_memories(
-        self, query: str, n_results: int = 10, session_id: str | None = None
+        self,
+        query: str,
+        n_results: int = 10,
+        session_id: str | None = None,
+        *,
+        agent: str | None = None,
+        tags: Iterable[str] | None = None,
+        min_importance: int | None = None,
+        since: str | None = None,
+        until: str | None = None,
+        min_relevance: float | None = None,
     ) -> dict[str, Any]:
-        """Chroma's semantic hits fused (RRF) with the lexical overlay of pending records."""
+        """Hybrid recall: the lexical leg (every record) fused with Chroma's semantic hits,
+        both filtered inside their own query; hits below ``min_relevance`` are left out, so
+        a query nothing answers returns nothing."""
         if not isinstance(query, str) or not query.strip():
             from outbox.errors import ValidationError
 
             raise ValidationError("query", "is empty")
         n_results = max(1, min(int(n_results), MAX_LIMIT))
-        vector_on = VECTOR_SINK in self.outbox.settings.sinks
-        vector_ids: list[str] = []
-        distances: dict[str, float] = {}
-        degraded: str | None = None
-        if vector_on:
-            vector_ids, distances, degraded = self._semantic(query, n_results, session_id)
-        pending = self.outbox.pending_matches(
-            query,
-            vector_sink=VECTOR_SINK if vector_on else None,
-            limit=n_results,
+        floor = MIN_RELEVANCE if min_relevance is None else float(min_relevance)
+        filters = RecallFilter.of(
             session_id=session_id,
+            agent=agent,
+            tags=tags,
+            min_importance=min_importance,
+            since=since,
+            until=until,
         )
-        pending_ids = [key for key, _score in pending]
-        fused = self.outbox.fuse_rankings([vector_ids, pending_ids])[:n_results]
-        results = self._result_views(fused, distances)
+        depth = max(LEG_DEPTH, n_results)
+        lexical = self.outbox.lexical_matches(query, limit=depth, filters=filters)
+        vector: list[tuple[str, float]] = []
+        degraded: str | None = None
+        if VECTOR_SINK in self.outbox.settings.sinks:
+            vector, degraded = self._semantic(query, depth, filters)
+        stored = self.outbox.get_records({key for key, _ in [*lexical.hits, *vector]})
+        weights = TermWeights.of(lexical.counts, lexical.total, lexical.cap)
+        coverage = {key: weights.coverage(item.record.content) for key, item in stored.items()}
+        admitted = [
+            (key, distance)
+            for key, distance in vector
+            if key in stored and _admits(filters, stored[key])
+        ]
+        scored = fuse(candidates(lexical.hits, admitted, coverage), FUSION)
+        scored = self._with_context(scored, filters, weights, stored)
+        kept = [pair for pair in relevant(scored, floor, n_results) if pair[0].key in stored]
+        results = [_result_view(item, score, stored) for item, score in kept]
         answer: dict[str, Any] = {"query": query, "count": len(results), "results": results}
+        answer["minRelevance"] = floor
         if degraded:
             answer["degraded"] = degraded
         return answer
 
+    def _with_context(
+        self,
+        scored: list[tuple[Candidate, float]],
+        filters: RecallFilter,
+        weights: TermWeights,
+        stored: dict[str, Any],
+    ) -> list[tuple[Candidate, float]]:
+        """The best hits lend part of their score to their session neighbours that pass
+        the filter (``stored`` gains those neighbours' records)."""
+        sources = [item.key for item, _score in scored[: FUSION.context_sources]]
+        near = self.outbox.session_neighbours(sources)
+        missing = {key for keys in near.values() for key in keys} - stored.keys()
+        stored.update(self.outbox.get_records(missing))
+        neighbours = {
+            source: [
+                Candidate(key=key, coverage=weights.coverage(stored[key].record.content))
+                for key in keys
+                if key in stored and _admits(filters, stored[key])
+            ]
+            for source, keys in near.items()
+        }
+        return with_context(scored, neighbours, FUSION)
+
     def _semantic(
-        self, query: str, n_results: int, session_id: str | None
-    ) -> tuple[list[str], dict[str, float], str | None]:
-        """(Chroma's ranking, each hit's distance, why it failed): an unreachable index
-        degrades recall to the overlay instead of failing it."""
-        where = {"session_id": session_id} if session_id else None
+        self, query: str, n_results: int, filters: RecallFilter
+    ) -> tuple[list[tuple[str, float]], str | None]:
+        """((key, distance) nearest first, why it failed): an unreachable index degrades
+        recall to the lexical leg instead of failing it."""
         try:
-            hits = self._vector_index().search(query, n_results, where)
-            ids = list(hits.ids)
-            distances = dict(zip(hits.ids, hits.distances, strict=False))
+            hits = self._vector_index().search(query, n_results, filters.chroma_where())
         except Exception as exc:
             degraded = f"vector index unavailable ({exc.__class__.__name__})"
             log.warning("semantic leg of query_raw_memories failed: %s", degraded)
-            return [], {}, degraded
-        return ids, distances, None
-
-    def _result_views(
-        self, fused: list[tuple[str, float]], distances: dict[str, float]
-    ) -> list[dict[str, Any]]:
-        """Each fused key as a memory that says which leg found it; a key whose record is
-        no longer in the outbox is left out."""
-        stored = self.outbox.get_records(key for key, _ in fused)
-        results = []
-        for key, score in fused:
-            item = stored.get(key)
-            if item is None:
-                continue
-            view = _record_view(item.record.content, item.record.metadata)
-            view.update(
-                id=key,
-                timestamp=item.record.timestamp,
-                sessionId=item.record.metadata.get("session_id"),
-                source="vector" if key in distances else "pending",
-                score=round(score, 6),
-            )
-            if key in distances:
-                view["distance"] = distances[key]
-            results.append(view)
-        return results
+            return [], degraded
+        return list(zip(hits.ids, hits.distances, strict=False)), None
 
     def close(self) -> None:
         if self._vector is not None:
             self._vector.close()
         self.outbox.close()
+
+
+def _admits(filters: RecallFilter, item: Any) -> bool:
+    """A vector hit passes the filter by its stored record too: a document embedded before
+    its metadata carried a key is never let through on the index's word alone."""
+    record = item.record
+    return filters.admits(record.timestamp, record.importance, record.tags, record.metadata)
+
+
+def _result_view(item: Candidate, score: float, stored: Mapping[str, Any]) -> dict[str, Any]:
+    """A fused hit as memory-core shows it: the memory, which legs found it, each leg's
+    rank and score, and how relevant it reads."""
+    record = stored[item.key].record
+    view = _record_view(record.content, record.metadata)
+    view.update(
+        id=item.key,
+        timestamp=record.timestamp,
+        sessionId=record.metadata.get("session_id"),
+        agent=record.metadata.get("agent"),
+        importance=record.importance,
+        tags=list(record.tags),
+        legs=item.legs,
+        source="vector" if item.vector_rank is not None else "lexical",
+        relevance=round(item.relevance, 4),
+        score=round(score, 6),
+        lexicalRank=item.lexical_rank,
+        bm25=None if item.lexical_score is None else round(item.lexical_score, 4),
+        vectorRank=item.vector_rank,
+        distance=item.distance,
+    )
+    return view
 
 
 def _parse_cursor(before: Mapping[str, str] | str | None) -> tuple[str, str] | None:

@@ -56,6 +56,12 @@ async def _session_calls(tmp_path: Path) -> dict[str, Any]:
         )
         recent = await session.call_tool("query_recent_turns", {"limit": 5})
         raw = await session.call_tool("query_raw_memories", {"query": "zanzibar staging"})
+        others = await session.call_tool(
+            "query_raw_memories", {"query": "zanzibar staging", "agent": "@other"}
+        )
+        misspelt = await session.call_tool(
+            "query_raw_memories", {"query": "zanzibar", "sesionId": "s-1"}
+        )
         stored = await session.call_tool(
             "brain_store",
             {"content": "Decision: keep WAL FULL.", "tags": ["decision"], "importance": 7},
@@ -69,6 +75,8 @@ async def _session_calls(tmp_path: Path) -> dict[str, Any]:
             "added": added,
             "recent": recent,
             "raw": raw,
+            "others": others,
+            "misspelt": misspelt,
             "stored": stored,
             "bad": bad,
             "status": status,
@@ -99,7 +107,14 @@ def test_every_tool_over_stdio(tmp_path: Path) -> None:
     assert turns[0]["id"] == body["id"] and turns[0]["agent"] == "@tester"
     assert turns[0]["response"].endswith("(zanzibar).")
     hits = out["raw"].structured_content["results"]
-    assert hits and hits[0]["id"] == body["id"] and hits[0]["source"] == "pending"
+    assert hits and hits[0]["id"] == body["id"] and hits[0]["legs"] == ["lexical"]
+    assert 0.0 < hits[0]["relevance"] <= 1.0
+    # Filters are arguments the schema names; a name it does not know is an error naming it.
+    (schema,) = [t.input_schema for t in out["tools"].tools if t.name == "query_raw_memories"]
+    filters = {"agent", "tags", "minImportance", "since", "until", "minRelevance", "sessionId"}
+    assert filters <= set(schema["properties"])
+    assert out["others"].structured_content["results"] == []
+    assert out["misspelt"].is_error and "sesionId" in out["misspelt"].content[0].text
 
     stored = out["stored"]
     assert not stored.is_error

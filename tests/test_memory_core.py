@@ -82,10 +82,10 @@ def test_read_after_write_then_recall_by_meaning(chroma_settings: Settings) -> N
     service = MemoryService(Outbox.open(chroma_settings))
     try:
         keys = [service.add_memory(*turn, session_id="s")["id"] for turn in TURNS]
-        # Before any embedding: the graph and the lexical overlay see each write at once.
+        # Before any embedding: the graph and the lexical leg see each write at once.
         assert service.query_recent_turns(limit=1)["turns"][0]["id"] == keys[-1]
         hit = service.query_raw_memories("nightly backfill cores", n_results=3)["results"][0]
-        assert (hit["id"], hit["source"]) == (keys[3], "pending")
+        assert (hit["id"], hit["legs"]) == (keys[3], ["lexical"])
 
         report = service.outbox.drain(timeout=120)
         assert report.ok, report.to_dict()
@@ -94,9 +94,12 @@ def test_read_after_write_then_recall_by_meaning(chroma_settings: Settings) -> N
         )["results"][0]
         assert (best["id"], best["source"]) == (keys[0], "vector")
         assert best["response"] == TURNS[0][2]
-        # Delivered records have left the lexical overlay; the vector index answers for them.
+        # Delivered records leave the pending overlay but stay in the lexical leg.
         leftover = service.outbox.pending_matches("nightly backfill", vector_sink="chroma", limit=5)
         assert leftover == []
+        after = service.query_raw_memories("nightly backfill cores", n_results=3)["results"][0]
+        assert after["id"] == keys[3]
+        assert "lexical" in after["legs"] and "vector" in after["legs"]
     finally:
         service.close()
 

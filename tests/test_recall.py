@@ -17,7 +17,7 @@ from sqlalchemy import event, text
 
 from outbox import Outbox
 from outbox.record import build_record
-from outbox.store import recall
+from outbox.store import lexical
 from tests.pg import NOOP_SINK
 
 SINK = NOOP_SINK
@@ -59,9 +59,9 @@ def _lookup(ob: Outbox, query: str, **options: Any) -> list[str]:
 
 def test_telling_terms_are_the_rarest_that_fit_the_budget_together() -> None:
     counts = {"common": 11, "rare": 2, "absent": 0, "middling": 6, "also": 3}
-    assert recall.telling_terms(counts, 10) == ["rare", "also"]
-    assert recall.telling_terms(counts, 11) == ["rare", "also", "middling"]
-    assert recall.telling_terms({"common": 11, "absent": 0}, 10) == []
+    assert lexical.telling_terms(counts, 10) == ["rare", "also"]
+    assert lexical.telling_terms(counts, 11) == ["rare", "also", "middling"]
+    assert lexical.telling_terms({"common": 11, "absent": 0}, 10) == []
 
 
 def test_matches_are_pending_best_first_and_filtered_by_session(outbox: Outbox) -> None:

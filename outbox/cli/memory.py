@@ -46,17 +46,33 @@ def _table(
     return [f"{header} memory", *(f"{line(row)} {_memory_cell(row)}" for row in rows)]
 
 
+def _search_line(row: dict[str, Any]) -> str:
+    """Which legs found a hit, how relevant it reads, its bm25 and vector distance."""
+    legs = "+".join(row["legs"])
+    bm25 = "-" if row.get("bm25") is None else f"{row['bm25']:.2f}"
+    distance = "-" if row.get("distance") is None else f"{row['distance']:.3f}"
+    return f"{legs:<22} {row['relevance']:>9.2f} {bm25:>7} {distance:>8}  {row['timestamp']:<27}"
+
+
 def cmd_search(args: argparse.Namespace) -> int:
     answer = _ask(
         lambda service: service.query_raw_memories(
-            args.query, n_results=args.n, session_id=args.session
+            args.query,
+            n_results=args.n,
+            session_id=args.session,
+            agent=args.agent,
+            tags=args.tag,
+            min_importance=args.min_importance,
+            since=args.since,
+            until=args.until,
+            min_relevance=args.min_relevance,
         )
     )
     lines = _table(
         answer["results"],
-        f"{'source':<8} {'score':>8}  {'timestamp':<27}",
-        lambda row: f"{row['source']:<8} {row['score']:>8.4f}  {row['timestamp']:<27}",
-        "no memories match",
+        f"{'legs':<22} {'relevance':>9} {'bm25':>7} {'distance':>8}  {'timestamp':<27}",
+        _search_line,
+        f"no memories match (relevance below {answer['minRelevance']:.2f} left out)",
     )
     if answer.get("degraded"):
         lines.append(f"note: {answer['degraded']}; showing memories found by their words only")
@@ -105,6 +121,18 @@ def register(command: AddCommand) -> None:
     search.add_argument("query", metavar="QUERY")
     search.add_argument("-n", type=int, default=10, help="how many results (default 10)")
     search.add_argument("--session", help="only this session")
+    search.add_argument("--agent", help="only this agent's memories")
+    search.add_argument(
+        "--tag", action="append", help="only memories with this tag (repeat: all of them)"
+    )
+    search.add_argument("--min-importance", type=int, help="only importance N or more")
+    search.add_argument("--since", help="only memories at or after this ISO 8601 time")
+    search.add_argument("--until", help="only memories before this ISO 8601 time")
+    search.add_argument(
+        "--min-relevance",
+        type=float,
+        help="leave out hits less relevant than this, 0..1 (default: the library's)",
+    )
     recent = command("recent", cmd_recent, "the newest memories first")
     recent.add_argument("--limit", type=int, default=20)
     recent.add_argument("--session", help="only this session")

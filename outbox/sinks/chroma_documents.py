@@ -14,6 +14,10 @@ from outbox.record import Record
 
 # Metadata keys the sink writes itself; a record's own metadata cannot override them.
 RESERVED_KEYS = frozenset({"timestamp", "timestamp_epoch", "importance", "tags"})
+# One boolean key per tag (``tag:<name>``): Chroma's ``where`` cannot test a list's members.
+# Documents written before these keys existed lack them: a tag filter's vector leg misses
+# them until they are embedded again (the lexical leg still finds them).
+TAG_KEY_PREFIX = "tag:"
 _INT64 = (-(2**63), 2**63 - 1)
 _TS_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 
@@ -74,14 +78,15 @@ def _flatten(mapping: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str
 
 
 def chroma_metadata(record: Record) -> dict[str, MetadataValue]:
-    """The record's scalar metadata plus timestamp (text and epoch float), importance, tags.
+    """The record's scalar metadata plus timestamp (text and epoch float), importance, tags
+    (as a list, and as one ``tag:<name>`` key each, for filters).
 
     Dropped, as Chroma would refuse them: None, empty or mixed-type lists, lists of
     non-scalars, keys it reserves. Integers past 64 bits become text.
     """
     metadata: dict[str, MetadataValue] = {}
     for key, value in _flatten(record.metadata):
-        if key in RESERVED_KEYS or not _metadata_key_ok(key):
+        if key in RESERVED_KEYS or key.startswith(TAG_KEY_PREFIX) or not _metadata_key_ok(key):
             continue
         if isinstance(value, list):
             items = [_scalar(item) for item in value]
@@ -98,4 +103,7 @@ def chroma_metadata(record: Record) -> dict[str, MetadataValue]:
     metadata["importance"] = record.importance
     if record.tags:
         metadata["tags"] = list(record.tags)
+        for tag in record.tags:
+            if _metadata_key_ok(TAG_KEY_PREFIX + tag):
+                metadata[TAG_KEY_PREFIX + tag] = True
     return metadata

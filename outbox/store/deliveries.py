@@ -22,7 +22,6 @@ from sqlalchemy import (
     and_,
     bindparam,
     select,
-    text,
     update,
 )
 
@@ -77,19 +76,9 @@ class _DeliveryDialect(Protocol):
         """The settle's read of the rows still leased to its owner, locked until it commits."""
         ...
 
-    def purge_search_index(self, conn: Connection, owner: str, delivery_ids: list[int]) -> None:
-        """Drop these deliveries' records from the lexical overlay's own index, if it has one."""
-        ...
-
 
 class _SqliteDeliveries:
-    """SQLite's write transaction is the lock; its FTS table holds only undelivered records."""
-
-    _PURGE = text(
-        "DELETE FROM records_fts WHERE rowid IN (SELECT r.seq FROM records r "
-        "JOIN deliveries d ON d.record_key = r.key "
-        "WHERE d.id = :id AND d.lease_owner = :owner AND d.state = :leased)"
-    )
+    """SQLite's write transaction is the lock."""
 
     def lock_due(self, due: Select[Any]) -> Select[Any]:
         return due
@@ -97,25 +86,15 @@ class _SqliteDeliveries:
     def lock_owned(self, owned: Select[Any]) -> Select[Any]:
         return owned
 
-    def purge_search_index(self, conn: Connection, owner: str, delivery_ids: list[int]) -> None:
-        # The vector index holds these now: the lexical overlay no longer needs them.
-        leased = DeliveryState.LEASED.value
-        params = [{"id": i, "owner": owner, "leased": leased} for i in delivery_ids]
-        conn.execute(self._PURGE, params)
-
 
 class _PostgresDeliveries:
-    """Row locks: a claim skips rows another claim holds instead of waiting for them; the
-    GIN index of the overlay covers every record, so there is nothing to purge."""
+    """Row locks: a claim skips rows another claim holds instead of waiting for them."""
 
     def lock_due(self, due: Select[Any]) -> Select[Any]:
         return due.with_for_update(skip_locked=True)
 
     def lock_owned(self, owned: Select[Any]) -> Select[Any]:
         return owned.with_for_update()
-
-    def purge_search_index(self, conn: Connection, owner: str, delivery_ids: list[int]) -> None:
-        return None
 
 
 class DeliveryStore(DeliveryReads):
@@ -195,15 +174,12 @@ class DeliveryStore(DeliveryReads):
         ``delivered`` holds (delivery id, sink id); ``failed`` holds (delivery id, error text,
         error class, next attempt time or None for a dead letter). Returns the ids actually
         updated (a row whose lease was taken over is left to its new owner).
-        ``purge_search_index`` drops delivered records from the lexical overlay (set when
-        the sink is the vector index).
+        ``purge_search_index`` is accepted and ignored: the lexical leg of recall searches
+        every record, delivered or not, so delivery leaves the search index alone.
         """
         now = time.time() if now is None else now
         done: list[int] = []
         with self.engine.begin() as conn:
-            if purge_search_index and delivered:
-                ids = [delivery_id for delivery_id, _ in delivered]
-                self._dialect.purge_search_index(conn, owner, ids)
             if delivered:
                 done = self._settle_delivered(conn, owner, delivered, now)
             dead_or_retry = [

@@ -23,7 +23,7 @@ from sqlalchemy import (
 )
 
 # Bumped with every migration; opening compares it to alembic_version before loading Alembic.
-SCHEMA_REVISION = "0004"
+SCHEMA_REVISION = "0005"
 
 metadata = MetaData()
 

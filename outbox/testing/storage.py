@@ -131,7 +131,8 @@ class StorageConformance:
 
     def test_an_inserted_record_is_found_by_the_lexical_recall(self, storage: Storage) -> None:
         """On SQLite the insert writes the record's FTS row; PostgreSQL's expression index
-        needs none. Either way recall finds the record until its vector sink has it."""
+        needs none. The pending overlay finds the record until its vector sink has it, the
+        lexical leg always."""
         seed(storage, 3, sinks=(SECOND,), now=1.0)
         record = build_record("the heron nests by the quarry lake")
         with storage.engine.begin() as conn:
@@ -148,6 +149,8 @@ class StorageConformance:
         )
         assert settled == ([claim.delivery_id], [])
         assert recall.pending_matches("heron", vector_sink=FIRST, limit=5) == []
+        # The lexical leg searches every record: delivery leaves the search index alone.
+        assert [key for key, _ in recall.lexical("heron", limit=5).hits] == [record.key]
 
     # -- claims and leases ------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""The Chroma sink against real Chroma: embedded (PersistentClient) and a ``chroma run`` server.
+"""The Chroma sink against real Chroma: embedded (PersistentClient), a ``chroma run`` server of
+the test's own, and the shared server the library starts by itself (the default).
 
 Both pass the shared conformance suite; the tests below add outages (server stopped, server
 frozen), semantic recall by paraphrase and metadata mapping. ``test_chroma_errors.py`` has
@@ -7,22 +8,27 @@ per-record refusals and what real Chroma's failures are classified as.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import threading
 import time
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
 import httpx
 import pytest
 
-from outbox import Outbox
+from outbox import Outbox, Settings
 from outbox.dispatch.classify import classify
 from outbox.record import build_record
 from outbox.sinks.base import Delivered, Transient
 from outbox.sinks.chroma import ChromaSink
 from outbox.sinks.chroma_documents import chroma_metadata
+from outbox.sinks.chroma_service import SharedServer
 from outbox.testing.conformance import TEXTS, SinkConformance, SinkHarness, make_due
-from tests.chroma_server import ChromaServer
+from tests.chroma_server import ChromaServer, stop_shared_server
 from tests.sinks.chroma_support import (
     INVISIBLE,
     chroma_settings,
@@ -45,6 +51,32 @@ class TestEmbeddedChromaConformance(SinkConformance):
             poison=INVISIBLE,
             hang=partial(locked_store, settings),
         )
+
+
+@contextlib.contextmanager
+def frozen_shared_server(settings: Settings) -> Iterator[None]:
+    """The shared server of the settings' folder, running but answering nothing, for a block."""
+    state = SharedServer(settings.chroma_path, settings.chroma_idle).endpoint()
+    os.kill(state.chroma_pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(state.chroma_pid, signal.SIGCONT)
+
+
+class TestSharedChromaConformance(SinkConformance):
+    @pytest.fixture
+    def sink_harness(self, tmp_path: Path) -> Iterator[SinkHarness]:
+        settings = chroma_settings(tmp_path, chroma_mode="server")
+        try:
+            yield SinkHarness(
+                settings,
+                stored_copies=partial(stored_copies, settings),
+                poison=INVISIBLE,
+                hang=partial(frozen_shared_server, settings),
+            )
+        finally:
+            stop_shared_server(settings.chroma_path)
 
 
 class TestServerChromaConformance(SinkConformance):
@@ -227,6 +259,8 @@ def test_metadata_is_mapped_to_what_chroma_accepts(tmp_path: Path) -> None:
         "timestamp_epoch": 1795939200.0,
         "importance": 9,
         "tags": ["decision", "storage"],
+        "tag:decision": True,  # one key per tag: what recall's tag filter asks Chroma for
+        "tag:storage": True,
     }
     assert chroma_metadata(record) == expected
     settings = chroma_settings(tmp_path)

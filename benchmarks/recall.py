@@ -1,0 +1,320 @@
+"""Recall on LoCoMo: does ``query_raw_memories`` find the turn that answers a question?
+
+Every turn is written through memory-core (``MemoryService.remember``, one session per
+conversation, the speaker in the text, speaker and date in metadata), all conversations in
+one store. Each question with evidence (categories 1-4) asks ``query_raw_memories`` within
+its conversation's session, before the embed and after a full drain into the embedded Chroma
+with the offline MiniLM, and is scored for each leg alone, fused, and beside a baseline from
+the same run: a plain FTS5 bm25 over the same turns in a separate in-memory sqlite3, and the
+naive reciprocal-rank fusion of that bm25 with the vector leg. Then query latency at the
+dataset's size and with filler records in the store (lexical only: filler is not embedded).
+
+The dataset is read from its path and never copied: ``python -m benchmarks.recall --locomo
+PATH`` (default ``../shared/data/locomo/locomo-dev.json`` beside the repository).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import platform
+import sqlite3
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from benchmarks.bulk import bulk_insert
+from benchmarks.common import bench_settings, open_outbox, percentile
+from outbox.memory_core import MemoryService
+from outbox.recall import MIN_RELEVANCE, RecallFilter, rrf
+from outbox.store.engine import sqlite_path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo-dev.json"
+RESULTS = REPO / "benchmarks" / "results" / "recall.json"
+DEPTH = 30  # hits each leg (and the baseline's bm25) hands to a fusion
+UNRELATED = (
+    "banana smoothie recipe",
+    "how to configure a kubernetes ingress controller",
+    "quarterly corporate tax filing deadline",
+    "replace the timing belt on a diesel engine",
+    "python asyncio event loop tutorial",
+)
+
+
+@dataclass
+class Turn:
+    dia_id: str
+    speaker: str
+    text: str
+    date: str
+
+
+@dataclass
+class Question:
+    session: str
+    text: str
+    category: int
+    evidence: set[str] = field(default_factory=set)  # record keys
+
+
+def turn_text(turn: dict[str, Any]) -> str:
+    """What an agent would store for a turn: who said it, what, and a shared photo's caption."""
+    text = f"{turn['speaker']}: {turn['text']}"
+    if turn.get("blip_caption"):
+        text += f" [shares {turn['blip_caption']}]"
+    return text
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    data: list[dict[str, Any]] = json.loads(path.read_text(encoding="utf-8"))
+    return data
+
+
+def conversation_turns(conversation: dict[str, Any]) -> list[Turn]:
+    turns = []
+    number = 1
+    while f"session_{number}" in conversation:
+        date = conversation.get(f"session_{number}_date_time", "")
+        for turn in conversation[f"session_{number}"]:
+            turns.append(Turn(turn["dia_id"], turn["speaker"], turn_text(turn), date))
+        number += 1
+    return turns
+
+
+def write_turns(service: MemoryService, data: list[dict[str, Any]]) -> dict[tuple[str, str], str]:
+    """Every turn through memory-core; returns (session, dia_id) → record key."""
+    keys: dict[tuple[str, str], str] = {}
+    for sample in data:
+        session = sample["sample_id"]
+        for turn in conversation_turns(sample["conversation"]):
+            meta = {"dia_id": turn.dia_id, "speaker": turn.speaker, "date": turn.date}
+            receipt = service.remember(turn.text, metadata=meta, session_id=session)
+            keys[(session, turn.dia_id)] = receipt.key
+    return keys
+
+
+def questions(data: list[dict[str, Any]], keys: dict[tuple[str, str], str]) -> list[Question]:
+    found = []
+    for sample in data:
+        session = sample["sample_id"]
+        for qa in sample["qa"]:
+            if qa.get("category") not in (1, 2, 3, 4):
+                continue
+            evidence = {keys[(session, d)] for d in qa.get("evidence", []) if (session, d) in keys}
+            if evidence:
+                found.append(Question(session, qa["question"], qa["category"], evidence))
+    return found
+
+
+def score(ranked: Sequence[Sequence[str]], asked: Sequence[Question]) -> dict[str, float]:
+    """hit@5, hit@10, recall@10 and MRR (first answering turn within the top 10)."""
+    hit5 = hit10 = recall10 = mrr = 0.0
+    for keys, question in zip(ranked, asked, strict=True):
+        top = list(keys)[:10]
+        ranks = [rank for rank, key in enumerate(top, start=1) if key in question.evidence]
+        hit5 += bool(ranks and ranks[0] <= 5)
+        hit10 += bool(ranks)
+        recall10 += len(ranks) / len(question.evidence)
+        mrr += 1.0 / ranks[0] if ranks else 0.0
+    n = max(len(asked), 1)
+    return {
+        "hit@5": round(hit5 / n, 4),
+        "hit@10": round(hit10 / n, 4),
+        "recall@10": round(recall10 / n, 4),
+        "mrr": round(mrr / n, 4),
+    }
+
+
+class Bm25Baseline:
+    """A plain FTS5 bm25 over the same turns, in its own in-memory sqlite3."""
+
+    def __init__(self, rows: list[tuple[str, str, str]]) -> None:
+        self.db = sqlite3.connect(":memory:")
+        self.db.execute(
+            "CREATE VIRTUAL TABLE t USING fts5(content, key UNINDEXED, session UNINDEXED, "
+            "tokenize='porter unicode61 remove_diacritics 2')"
+        )
+        self.db.executemany("INSERT INTO t(content, key, session) VALUES (?, ?, ?)", rows)
+
+    def search(self, query: str, session: str, limit: int = DEPTH) -> list[str]:
+        words = {w.lower() for w in query.replace('"', " ").split()}
+        terms = [w.strip("?.,!'()") for w in words]
+        match = " OR ".join(f'"{term}"' for term in terms if term)
+        if not match:
+            return []
+        rows = self.db.execute(
+            "SELECT key FROM t WHERE t MATCH ? AND session = ? ORDER BY bm25(t) LIMIT ?",
+            (match, session, limit),
+        ).fetchall()
+        return [row[0] for row in rows]
+
+
+def vector_leg(service: MemoryService, question: Question) -> list[str]:
+    hits, _degraded = service._semantic(
+        question.text, DEPTH, RecallFilter(session_id=question.session)
+    )
+    return [key for key, _distance in hits]
+
+
+def lexical_leg(service: MemoryService, question: Question) -> list[str]:
+    filters = RecallFilter(session_id=question.session)
+    return [
+        k
+        for k, _ in service.outbox.lexical_matches(question.text, limit=DEPTH, filters=filters).hits
+    ]
+
+
+def fused(service: MemoryService, question: Question, floor: float | None = 0.0) -> list[str]:
+    answer = service.query_raw_memories(
+        question.text, n_results=10, session_id=question.session, min_relevance=floor
+    )
+    return [row["id"] for row in answer["results"]]
+
+
+def evaluate(
+    service: MemoryService, asked: list[Question], baseline: Bm25Baseline, embedded: bool
+) -> dict[str, Any]:
+    """Each leg alone, fused (no floor and at the default), the baseline and its naive RRF."""
+    runs: dict[str, Callable[[Question], list[str]]] = {
+        "lexical leg": lambda q: lexical_leg(service, q),
+        "fused": lambda q: fused(service, q),
+        "fused, default min_relevance": lambda q: fused(service, q, None),
+        "bm25 baseline": lambda q: baseline.search(q.text, q.session),
+    }
+    if embedded:
+        runs["vector leg"] = lambda q: vector_leg(service, q)
+        runs["naive rrf baseline"] = lambda q: [
+            k for k, _ in rrf([baseline.search(q.text, q.session), vector_leg(service, q)])
+        ]
+    return {name: score([run(q) for q in asked], asked) for name, run in runs.items()}
+
+
+def latency(service: MemoryService, asked: list[Question], session: bool) -> dict[str, float]:
+    """query_raw_memories' p50 and p99 in ms (default settings), after a few warm-up calls."""
+    for question in asked[:5]:
+        fused(service, question, None)
+    samples = []
+    for question in asked:
+        began = time.perf_counter()
+        service.query_raw_memories(
+            question.text, n_results=10, session_id=question.session if session else None
+        )
+        samples.append((time.perf_counter() - began) * 1000)
+    return {
+        "calls": len(samples),
+        "p50_ms": round(percentile(samples, 0.5), 2),
+        "p99_ms": round(percentile(samples, 0.99), 2),
+    }
+
+
+def unrelated(service: MemoryService) -> dict[str, Any]:
+    """What a few queries nothing in the store answers return at the default floor."""
+    found = {}
+    for query in UNRELATED:
+        loose = service.query_raw_memories(query, n_results=10, min_relevance=0.0)["results"]
+        kept = service.query_raw_memories(query, n_results=10)["count"]
+        found[query] = {
+            "returned": kept,
+            "best_relevance": max((r["relevance"] for r in loose), default=0.0),
+        }
+    return found
+
+
+def answer_relevance(service: MemoryService, asked: list[Question]) -> list[float]:
+    """The relevance of the best-ranked answering turn of each question (0: not in top 10)."""
+    values = []
+    for question in asked:
+        rows = service.query_raw_memories(
+            question.text, n_results=10, session_id=question.session, min_relevance=0.0
+        )["results"]
+        values.append(next((r["relevance"] for r in rows if r["id"] in question.evidence), 0.0))
+    return values
+
+
+def run(path: Path, filler: int) -> dict[str, Any]:
+    data = load(path)
+    with tempfile.TemporaryDirectory(prefix="recall-bench-") as folder:
+        settings = bench_settings(Path(folder), sinks="chroma", synchronous="NORMAL")
+        service = MemoryService(open_outbox(settings))
+        try:
+            return measure(service, data, filler)
+        finally:
+            service.close()
+
+
+def measure(service: MemoryService, data: list[dict[str, Any]], filler: int) -> dict[str, Any]:
+    began = time.perf_counter()
+    keys = write_turns(service, data)
+    write_s = time.perf_counter() - began
+    asked = questions(data, keys)
+    stored = service.outbox.get_records(keys.values())
+    baseline = Bm25Baseline(
+        [(r.record.content, k, str(r.record.metadata["session_id"])) for k, r in stored.items()]
+    )
+    result: dict[str, Any] = {
+        "turns": len(keys),
+        "questions": len(asked),
+        "write_s": round(write_s, 1),
+    }
+    result["before_embed"] = evaluate(service, asked, baseline, embedded=False)
+    began = time.perf_counter()
+    report = service.outbox.drain()
+    result["drain_s"] = round(time.perf_counter() - began, 1)
+    result["drained"] = str(report)[:200]
+    result["after_drain"] = evaluate(service, asked, baseline, embedded=True)
+    relevance = answer_relevance(service, asked)
+    result["answer_relevance"] = {
+        f"p{p}": round(percentile(relevance, p / 100), 3) for p in (5, 10, 25, 50)
+    }
+    result["unrelated"] = unrelated(service)
+    result["latency_dataset"] = latency(service, asked, session=True)
+    if filler:
+        db = sqlite_path(service.outbox.settings.db_url)
+        assert db is not None
+        result["filler_insert_s"] = round(bulk_insert(db, filler, sinks=("chroma",)), 1)
+        result["filler"] = filler
+        result["latency_filler"] = latency(service, asked, session=True)
+        result["latency_filler_no_session"] = latency(service, asked, session=False)
+    return result
+
+
+def machine() -> dict[str, Any]:
+    import os
+
+    return {
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.recall", description=__doc__)
+    parser.add_argument("--locomo", type=Path, default=DEFAULT_LOCOMO, help="the LoCoMo JSON")
+    parser.add_argument("--filler", type=int, default=100_000, help="filler records (0: none)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    if not args.locomo.exists():
+        parser.error(f"no LoCoMo file at {args.locomo}")
+    result = {"machine": machine(), "dataset": args.locomo.name, "min_relevance": MIN_RELEVANCE}
+    result.update(run(args.locomo, args.filler))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(result, indent=2))
+    with contextlib.suppress(ImportError):
+        from benchmarks.plots import recall_figure
+
+        recall_figure(result, REPO / "docs" / "img" / "bench-recall.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
