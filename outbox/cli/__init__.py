@@ -10,14 +10,14 @@ import argparse
 import logging
 from collections.abc import Sequence
 
-from outbox.cli import delivery, memory, records, status, writes
+from outbox.cli import delivery, memory, records, reindex, status, writes
 from outbox.cli.common import EXIT_FAILED, EXIT_INVALID, EXIT_OK, Handler, error_line, fail
 from outbox.errors import ConfigError, OutboxError, ValidationError
 
 __all__ = ["EXIT_FAILED", "EXIT_INVALID", "EXIT_OK", "build_parser", "main"]
 
 # The long-running commands also log warnings, since nobody reads their return value.
-_LONG_RUNNING = ("run", "drain", "mcp")
+_LONG_RUNNING = ("run", "drain", "mcp", "reindex")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     memory.register(command)
     delivery.register_dead(command)
     records.register(command)
+    reindex.register(command)
     return parser
 
 
