@@ -1,8 +1,8 @@
 """``outbox demo``: the whole loop on the embedded default, in its own folder, in seconds.
 
 Write turns (durable at once, queued for Chroma), recall them before any embedding ran,
-drain them into embedded Chroma with the offline MiniLM model, then find one by a
-paraphrase that shares almost no words with it, and verify the mirrors.
+drain them into Chroma (the store's own local server) with the offline MiniLM model, then
+find one by a paraphrase that shares almost no words with it, and verify the mirrors.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def run(folder: Path, say: Callable[[str], None] = print) -> bool:
             f"   query_raw_memories('nightly backfill') → [{lexical['source']}] "
             f"{lexical['response'][:50]}…"
         )
-        say("3. Draining into embedded Chroma with the offline MiniLM model…")
+        say("3. Draining into Chroma (the store's local server) with the offline MiniLM model…")
         started = time.perf_counter()
         report = ob.drain(timeout=120)
         say(f"   delivered {report.delivered} in {time.perf_counter() - started:.1f} s")
