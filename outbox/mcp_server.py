@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -128,6 +129,18 @@ def _known_only(tool: str, args: dict[str, Any]) -> None:
         raise ValidationError(unknown[0], f"is not an argument of {tool}")
 
 
+def _number(args: dict[str, Any], name: str, default: int, low: int, high: int) -> int:
+    """A whole-number argument within its schema's bounds; anything else (text, 1.5, 1e400,
+    true) is a tool error naming the argument, never a crash."""
+    value = args.get(name)
+    if value is None:
+        return default
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and value == int(value) and low <= value <= high):
+        raise ValidationError(name, f"must be a whole number from {low} to {high}")
+    return int(value)
+
+
 def _optional(args: dict[str, Any], name: str) -> Any:
     value = args.get(name)
     return None if value in (None, "") else value
@@ -161,7 +174,7 @@ class ToolHandlers:
         return self.service.query_recent_turns(
             session_id=_optional(args, "sessionId"),
             agent=_optional(args, "agent"),
-            limit=int(args.get("limit") or 20),
+            limit=_number(args, "limit", 20, 1, 100),
             before=_optional(args, "before"),
         )
 
@@ -170,7 +183,7 @@ class ToolHandlers:
         importance, relevance = _optional(args, "minImportance"), _optional(args, "minRelevance")
         return self.service.query_raw_memories(
             query=args.get("query"),  # type: ignore[arg-type]
-            n_results=int(args.get("nResults") or 10),
+            n_results=_number(args, "nResults", 10, 1, 100),
             session_id=_optional(args, "sessionId"),
             agent=_optional(args, "agent"),
             tags=_optional(args, "tags"),
@@ -204,7 +217,7 @@ class ToolHandlers:
             return handler(args), ""
         except (ValidationError, OutboxError) as exc:
             return None, str(exc)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             return None, f"invalid arguments: {exc.__class__.__name__}"
 
 

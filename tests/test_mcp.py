@@ -236,3 +236,76 @@ def test_brain_store_type_reaches_brainlayer(
         "outbox",
         8.0,
     )
+
+
+def _raw_session(tmp_path: Path, lines: list[bytes]) -> list[dict[str, Any]]:
+    """Speak JSON-RPC to ``outbox mcp`` byte for byte (what an SDK client would never send,
+    such as the number 1e400), and read one answer per request sent."""
+    import json
+    import subprocess
+
+    params = _params(tmp_path)
+    hello = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "0"},
+        },
+    }
+    ready = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    sent = [json.dumps(hello).encode(), json.dumps(ready).encode(), *lines]
+    proc = subprocess.Popen(
+        [params.command, *params.args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=params.env,
+        cwd=params.cwd,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(b"\n".join(sent) + b"\n")
+    proc.stdin.flush()
+    answers: list[dict[str, Any]] = []
+    while len(answers) < len(lines) + 1:  # the initialize answer, then one per request
+        line = proc.stdout.readline()
+        if not line:
+            break
+        answers.append(json.loads(line))
+    proc.stdin.close()
+    proc.wait(timeout=60)
+    assert proc.stderr is not None
+    errors = proc.stderr.read()
+    assert b"Traceback" not in errors, errors.decode()[-2000:]
+    return [answer for answer in answers if answer.get("id") not in (None, 0)]
+
+
+def _call(number: int, tool: str, arguments: str) -> bytes:
+    return (
+        f'{{"jsonrpc": "2.0", "id": {number}, "method": "tools/call", '
+        f'"params": {{"name": "{tool}", "arguments": {arguments}}}}}'
+    ).encode()
+
+
+def test_out_of_range_numbers_are_tool_errors_naming_the_argument(tmp_path: Path) -> None:
+    """``limit: 1e400`` gave JSON-RPC error code 0 and a traceback on the server's stderr;
+    every bad number is now a tool error that names its argument, and the server goes on."""
+    answers = _raw_session(
+        tmp_path,
+        [
+            _call(1, "query_recent_turns", '{"limit": 1e400}'),
+            _call(2, "query_recent_turns", '{"limit": 2.5}'),
+            _call(3, "query_recent_turns", '{"limit": "ten"}'),
+            _call(4, "query_raw_memories", '{"query": "anything", "nResults": 0}'),
+            _call(5, "query_recent_turns", '{"limit": 3}'),
+        ],
+    )
+    by_id = {answer["id"]: answer for answer in answers}
+    assert sorted(by_id) == [1, 2, 3, 4, 5]
+    for number, name in [(1, "limit"), (2, "limit"), (3, "limit"), (4, "nResults")]:
+        result = by_id[number]["result"]
+        assert result["isError"] is True, by_id[number]
+        assert name in result["content"][0]["text"]
+    assert by_id[5]["result"].get("isError") is not True
