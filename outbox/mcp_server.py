@@ -17,8 +17,11 @@ from typing import Any
 
 import anyio
 import mcp_types as types
+import pydantic
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.server.lowlevel.server import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
 
 from outbox import __version__
 from outbox.errors import OutboxError, ValidationError
@@ -249,6 +252,44 @@ def build_server(handlers: ToolHandlers) -> Server[Any]:
     )
 
 
+def protocol_error(exc: Exception) -> SessionMessage:
+    """The JSON-RPC answer to a line that is no message (the transport would otherwise drop
+    it and leave the client waiting): -32700 for text that is not JSON, -32600 for JSON that
+    is no valid request, with the request's id when it had one."""
+    errors = exc.errors() if isinstance(exc, pydantic.ValidationError) else []
+    not_json = not errors or any(error.get("type") == "json_invalid" for error in errors)
+    sent: dict[str, Any] = next(
+        (error["input"] for error in errors if isinstance(error.get("input"), dict)), {}
+    )
+    ident = sent.get("id")
+    if isinstance(ident, bool) or not isinstance(ident, int | str):
+        ident = None
+    code, message = (
+        (-32700, "Parse error: the line is not JSON")
+        if not_json
+        else (-32600, "Invalid Request: not a JSON-RPC 2.0 request, response or notification")
+    )
+    return SessionMessage(
+        types.JSONRPCError(
+            jsonrpc="2.0", id=ident, error=types.ErrorData(code=code, message=message)
+        )
+    )
+
+
+async def _answer_bad_lines(
+    incoming: MemoryObjectReceiveStream[SessionMessage | Exception],
+    forward: MemoryObjectSendStream[SessionMessage | Exception],
+    outgoing: MemoryObjectSendStream[SessionMessage],
+) -> None:
+    """Pass messages on to the server; answer a line that is no message straight away."""
+    async with forward:
+        async for item in incoming:
+            if isinstance(item, Exception):
+                await outgoing.send(protocol_error(item))
+            else:
+                await forward.send(item)
+
+
 def serve(drain: bool = False, store_wait: float = 0.0) -> None:
     """Run the stdio server; with ``drain`` a dispatcher delivers in a background thread."""
     service = MemoryService()
@@ -265,7 +306,10 @@ def serve(drain: bool = False, store_wait: float = 0.0) -> None:
 
     async def main() -> None:
         async with stdio_server() as (read_stream, write_stream):
-            await server.run(read_stream, write_stream, server.create_initialization_options())
+            forward, checked = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+            async with anyio.create_task_group() as group:
+                group.start_soon(_answer_bad_lines, read_stream, forward, write_stream)
+                await server.run(checked, write_stream, server.create_initialization_options())
 
     try:
         anyio.run(main)

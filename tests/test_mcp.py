@@ -279,7 +279,7 @@ def _raw_session(tmp_path: Path, lines: list[bytes]) -> list[dict[str, Any]]:
     assert proc.stderr is not None
     errors = proc.stderr.read()
     assert b"Traceback" not in errors, errors.decode()[-2000:]
-    return [answer for answer in answers if answer.get("id") not in (None, 0)]
+    return [answer for answer in answers if answer.get("id") != 0]
 
 
 def _call(number: int, tool: str, arguments: str) -> bytes:
@@ -309,3 +309,22 @@ def test_out_of_range_numbers_are_tool_errors_naming_the_argument(tmp_path: Path
         assert result["isError"] is True, by_id[number]
         assert name in result["content"][0]["text"]
     assert by_id[5]["result"].get("isError") is not True
+
+
+def test_a_line_that_is_no_request_gets_an_answer(tmp_path: Path) -> None:
+    """Malformed JSON and a request without a method got no reply, and the client hung;
+    they now get JSON-RPC's parse error and invalid-request answers, and the server goes on."""
+    answers = _raw_session(
+        tmp_path,
+        [
+            b"{this is not json",
+            b'{"jsonrpc": "2.0", "id": 7}',
+            _call(8, "query_recent_turns", '{"limit": 3}'),
+        ],
+    )
+    assert len(answers) == 3
+    parse, invalid = (a for a in answers if "error" in a)
+    assert (parse["error"]["code"], parse.get("id")) == (-32700, None)
+    assert (invalid["error"]["code"], invalid["id"]) == (-32600, 7)
+    (good,) = (a for a in answers if a.get("id") == 8)
+    assert good["result"].get("isError") is not True
