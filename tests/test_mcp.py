@@ -242,7 +242,9 @@ def _raw_session(tmp_path: Path, lines: list[bytes]) -> list[dict[str, Any]]:
     """Speak JSON-RPC to ``outbox mcp`` byte for byte (what an SDK client would never send,
     such as the number 1e400), and read one answer per request sent."""
     import json
+    import select
     import subprocess
+    import time
 
     params = _params(tmp_path)
     hello = {
@@ -269,9 +271,12 @@ def _raw_session(tmp_path: Path, lines: list[bytes]) -> list[dict[str, Any]]:
     proc.stdin.write(b"\n".join(sent) + b"\n")
     proc.stdin.flush()
     answers: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 30  # a line left unanswered must fail, not hang, the test
     while len(answers) < len(lines) + 1:  # the initialize answer, then one per request
-        line = proc.stdout.readline()
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        line = proc.stdout.readline() if ready else b""
         if not line:
+            proc.kill()
             break
         answers.append(json.loads(line))
     proc.stdin.close()
