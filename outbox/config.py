@@ -27,7 +27,8 @@ _DURATION_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 @dataclass(frozen=True)
 class Settings:
-    """Resolved configuration. Paths are as given (relative ones resolve against the cwd)."""
+    """Resolved configuration. ``load_settings`` makes every path absolute: relative ones
+    resolve against the store's root, the folder that holds ``home``."""
 
     home: Path = Path(".outbox")
     db_url: str = ""
@@ -252,14 +253,45 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         raise ConfigError(
             "OUTBOX_CHROMA_MODE", "embedded opens OUTBOX_CHROMA_PATH; unset OUTBOX_CHROMA_URL"
         )
-    home = settings.home
-    defaults: dict[str, Any] = {}
+    home = settings.home.absolute() if "home" in values else find_home(Path.cwd())
+    defaults: dict[str, Any] = {"home": home}
     if not settings.db_url:
         defaults["db_url"] = f"sqlite:///{home / 'outbox.db'}"
     elif not re.match(r"^(sqlite|postgresql)(\+\w+)?://", settings.db_url):
         raise ConfigError("OUTBOX_DB_URL", "expected a sqlite:/// or postgresql+psycopg:// URL")
+    else:
+        defaults["db_url"] = _rooted_url(settings.db_url, home.parent)
     if settings.jsonl_path == Path():
         defaults["jsonl_path"] = home / "outbox.jsonl"
     if settings.chroma_path == Path():
         defaults["chroma_path"] = home / "chroma"
-    return replace(settings, **defaults)
+    settings = replace(settings, **defaults)
+    return replace(settings, **_rooted_paths(settings, home.parent))
+
+
+def find_home(start: Path) -> Path:
+    """The ``.outbox`` folder of ``start`` or of its nearest parent that has one (as git
+    finds ``.git``), so every shell below a store's root opens the same store; else a new
+    one in ``start``, created only by a command that writes."""
+    for folder in (start, *start.parents):
+        if (folder / ".outbox").is_dir():
+            return folder / ".outbox"
+    return start / ".outbox"
+
+
+def _rooted_paths(settings: Settings, root: Path) -> dict[str, Any]:
+    """Relative path settings against the store's root, never the working directory."""
+    rooted: dict[str, Any] = {}
+    for name in _PATHS:
+        value = getattr(settings, name)
+        if value is not None and not value.is_absolute():
+            rooted[name] = root / value
+    return rooted
+
+
+def _rooted_url(db_url: str, root: Path) -> str:
+    """A SQLite URL's relative file against the store's root (other URLs as they are)."""
+    scheme, sep, rest = db_url.partition(":///")
+    if not scheme.startswith("sqlite") or not sep or not rest or rest.startswith((":", "/")):
+        return db_url
+    return f"{scheme}:///{root / rest}"

@@ -55,7 +55,9 @@ def test_add_prints_one_json_object_and_writes_both_mirrors(
     assert payload["key"] == expected_key
     assert payload["status"] == "queued"
     assert payload["duplicate"] is False
-    assert payload["markdown_path"] == "docs.local/decisions/2026-11-29-wal-decision.md"
+    assert payload["markdown_path"] == str(
+        tmp_path / "docs.local/decisions/2026-11-29-wal-decision.md"
+    )
     markdown = (tmp_path / payload["markdown_path"]).read_bytes()
     assert markdown.endswith(b"\n---\nUse SQLite WAL for the outbox.")
     assert b"tags: [decision, storage]\n" in markdown

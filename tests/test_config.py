@@ -36,6 +36,14 @@ LAYERS: dict[str, tuple[Any, str, Any, tuple[Any, Any, Any]]] = {
 }
 
 
+def shown(value: Any) -> Any:
+    """A path setting as the test wrote it: loaded paths are absolute, rooted at the store's
+    root, which is the working directory here (the store is ./.outbox)."""
+    if isinstance(value, Path) and value.is_absolute() and value.is_relative_to(Path.cwd()):
+        return value.relative_to(Path.cwd())
+    return value
+
+
 def write_yaml(path: Path, values: dict[str, Any]) -> None:
     import yaml
 
@@ -44,12 +52,13 @@ def write_yaml(path: Path, values: dict[str, Any]) -> None:
 
 def test_defaults() -> None:
     s = load_settings(env={})
-    assert s.home == Path(".outbox")
-    assert s.db_url == "sqlite:///.outbox/outbox.db"
-    assert s.jsonl_path == Path(".outbox/outbox.jsonl")
-    assert s.markdown_dir == Path("docs.local/decisions")
+    root = Path.cwd()  # no .outbox here or above: a new store would go here
+    assert s.home == root / ".outbox"
+    assert s.db_url == f"sqlite:///{root}/.outbox/outbox.db"
+    assert s.jsonl_path == root / ".outbox/outbox.jsonl"
+    assert s.markdown_dir == root / "docs.local/decisions"
     assert s.sinks == ("chroma",)
-    assert s.chroma_path == Path(".outbox/chroma")
+    assert s.chroma_path == root / ".outbox/chroma"
     assert s.chroma_url is None
     assert s.chroma_mode == "server" and s.chroma_idle == 600.0
     assert s.chroma_collection == "agent-memory"
@@ -65,12 +74,12 @@ def test_each_layer_overrides_the_one_below(tmp_path: Path, name: str) -> None:
     assert from_keyword != from_env
     env_name = f"OUTBOX_{name.upper()}"
 
-    assert getattr(load_settings(env={}), name) == default
+    assert shown(getattr(load_settings(env={}), name)) == default
     write_yaml(tmp_path / "outbox.yaml", {name: yaml_value})
-    assert getattr(load_settings(env={}), name) == from_yaml
-    assert getattr(load_settings(env={env_name: env_value}), name) == from_env
+    assert shown(getattr(load_settings(env={}), name)) == from_yaml
+    assert shown(getattr(load_settings(env={env_name: env_value}), name)) == from_env
     kw = load_settings(env={env_name: env_value}, **{name: keyword_value})
-    assert getattr(kw, name) == from_keyword
+    assert shown(getattr(kw, name)) == from_keyword
 
 
 def test_all_layers_at_once_for_several_settings(tmp_path: Path) -> None:
@@ -114,7 +123,7 @@ def test_home_moves_the_derived_defaults() -> None:
     assert s.db_url == "sqlite:////srv/memory/outbox.db"
     assert s.jsonl_path == Path("/srv/memory/outbox.jsonl")
     assert s.chroma_path == Path("/srv/memory/chroma")
-    assert s.markdown_dir == Path("docs.local/decisions")  # relative to the cwd, not home
+    assert s.markdown_dir == Path("/srv/docs.local/decisions")  # against the store's root
 
 
 CONTRACT_NAMES: dict[str, tuple[str, str, Any]] = {
@@ -143,15 +152,15 @@ CONTRACT_NAMES: dict[str, tuple[str, str, Any]] = {
 @pytest.mark.parametrize("variable", CONTRACT_NAMES)
 def test_every_contract_name_is_recognised(variable: str) -> None:
     value, field, expected = CONTRACT_NAMES[variable]
-    assert getattr(load_settings(env={}), field) != expected
-    assert getattr(load_settings(env={variable: value}), field) == expected
+    assert shown(getattr(load_settings(env={}), field)) != expected
+    assert shown(getattr(load_settings(env={variable: value}), field)) == expected
 
 
 @pytest.mark.parametrize("variable", CONTRACT_NAMES)
 def test_every_contract_name_works_in_the_yaml_file(tmp_path: Path, variable: str) -> None:
     value, field, expected = CONTRACT_NAMES[variable]
     write_yaml(tmp_path / "outbox.yaml", {variable.removeprefix("OUTBOX_").lower(): value})
-    assert getattr(load_settings(env={}), field) == expected
+    assert shown(getattr(load_settings(env={}), field)) == expected
 
 
 def test_outbox_open_uses_the_environment_and_keyword_overrides(
@@ -195,3 +204,19 @@ def test_chroma_mode_and_idle_are_checked_and_named() -> None:
         load_settings(env={"OUTBOX_CHROMA_IDLE": "soon"})
     with pytest.raises(ConfigError, match=r"OUTBOX_CHROMA_MODE.*unset OUTBOX_CHROMA_URL"):
         load_settings(env={"OUTBOX_CHROMA_MODE": "embedded"}, chroma_url="http://127.0.0.1:1")
+
+
+def test_the_store_is_found_from_any_folder_below_its_root(tmp_path: Path) -> None:
+    """As git finds .git: a shell in a subfolder opens the same store, and relative paths
+    resolve against the store's root, never the working directory."""
+    (tmp_path / ".outbox").mkdir()
+    below = tmp_path / "a" / "b"
+    below.mkdir(parents=True)
+    import os
+
+    os.chdir(below)
+    s = load_settings(env={"OUTBOX_MARKDOWN_DIR": "notes", "OUTBOX_DB_URL": "sqlite:///db/x.db"})
+    assert s.home == tmp_path / ".outbox"
+    assert s.markdown_dir == tmp_path / "notes"
+    assert s.db_url == f"sqlite:///{tmp_path}/db/x.db"
+    assert s.jsonl_path == tmp_path / ".outbox" / "outbox.jsonl"

@@ -46,6 +46,8 @@ def pending_file(folder: Path, name: str, extra: str, body: str, timestamp: str 
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
+    # The store exists (a write that fell back created its home first), with only files in it.
+    (tmp_path / ".outbox").mkdir(mode=0o700)
     return child_env(tmp_path / ".outbox", markdown_dir=str(tmp_path / "md"))
 
 

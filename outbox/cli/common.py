@@ -52,9 +52,19 @@ def fail(message: str, code: int) -> int:
     return code
 
 
-def open_outbox(*, repair: bool = True) -> Outbox:
+def open_outbox(*, repair: bool = True, create: bool = False) -> Outbox:
     """The outbox of the usual settings, imported here so a command that needs none starts
-    without the database layer; ``repair=False`` writes nothing to the mirrors on open."""
+    without the database layer; ``repair=False`` writes nothing to the mirrors on open.
+    Only a command that writes (``create``) may start a new store: any other one says that
+    none was found, and where it looked, instead of opening an empty one."""
     from outbox.api import Outbox
+    from outbox.config import load_settings
+    from outbox.errors import OutboxError
 
-    return Outbox.open(repair=repair)
+    settings = load_settings()
+    if not create and not settings.home.is_dir():
+        raise OutboxError(
+            f"no outbox store at {settings.home} (looked in {Path.cwd()} and above it; "
+            "set OUTBOX_HOME, or write a first memory with outbox add)"
+        )
+    return Outbox.open(settings, repair=repair)

@@ -80,7 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    with open_outbox() as ob, ob.dispatcher() as dispatcher:
+    with open_outbox(create=True) as ob, ob.dispatcher() as dispatcher:
         logging.getLogger("outbox").info("dispatcher %s running", dispatcher.owner)
         dispatcher.run(stop)
     return EXIT_OK

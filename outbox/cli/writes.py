@@ -66,7 +66,7 @@ def cmd_add(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    with open_outbox() as ob:
+    with open_outbox(create=True) as ob:
         folder = Path(args.dir) if args.dir else ob.markdown_dir
         bar = None if args.json or not sys.stderr.isatty() else _replay_bar
         report = ob.replay(folder, budget=args.budget, progress=bar)
