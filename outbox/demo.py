@@ -48,6 +48,7 @@ PARAPHRASE = "what has to be finished before the application servers come up?"
 
 def run(folder: Path, say: Callable[[str], None] = print) -> bool:
     """Run the demo in ``folder``; returns whether every step came out as it should."""
+    folder = folder.absolute()  # a relative markdown folder would resolve against the root
     settings = load_settings(
         env={}, home=folder / ".outbox", markdown_dir=folder / "decisions", sinks="chroma"
     )
