@@ -54,3 +54,15 @@ def test_two_shells_below_one_root_share_one_store(tmp_path: Path, env: dict[str
     assert sorted(os.listdir(tmp_path / "docs.local" / "decisions")) == sorted(
         Path(json.loads(r)["markdown_path"]).name for r in (added.stdout, second.stdout)
     )
+
+
+def test_the_demo_command_keeps_its_files_in_its_own_folder(tmp_path: Path) -> None:
+    """README's first command, as a user runs it: relative to the working directory, with
+    the embedded default (real Chroma, the offline model)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
+    result = run_cli(["demo"], cwd=tmp_path, env=env, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.rstrip().endswith(b"demo complete")
+    files = sorted((tmp_path / "outbox-demo" / "decisions").glob("*.md"))
+    assert len(files) == 5
+    assert not (tmp_path / "outbox-demo" / "outbox-demo").exists()
