@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from outbox import Outbox, Settings, load_settings
+from outbox import Outbox, Settings
 from outbox.cli import main
 from outbox.reindex import ReindexProgress, ReindexReport
 from outbox.sinks.chroma import ChromaSink, EmbeddingMismatch
 from outbox.sinks.chroma_index import IndexPointer
 from outbox.sinks.embedding import HashingEmbedding, MiniLMEmbedding, embedding_name
-from tests.sinks.chroma_support import open_client
+from tests.sinks.chroma_support import chroma_settings, open_client
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = "memories"
@@ -50,16 +50,7 @@ class CountingEmbedding(HashingEmbedding):
 
 
 def _settings(tmp_path: Path, embedding: str) -> Settings:
-    return load_settings(
-        env={},
-        home=tmp_path / ".outbox",
-        markdown_dir=tmp_path / "md",
-        sinks="chroma",
-        chroma_path=tmp_path / "chroma",
-        chroma_mode="embedded",
-        chroma_collection=BASE,
-        embedding=embedding,
-    )
+    return chroma_settings(tmp_path, chroma_collection=BASE, embedding=embedding)
 
 
 def _filled(settings: Settings, total: int) -> set[str]:

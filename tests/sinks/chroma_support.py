@@ -39,13 +39,13 @@ conn.execute("ROLLBACK")
 def chroma_settings(tmp_path: Path, **overrides: Any) -> Settings:
     if not overrides.get("chroma_url"):
         overrides.setdefault("chroma_mode", "embedded")
+    overrides.setdefault("chroma_collection", f"test-{uuid.uuid4().hex[:12]}")
     return load_settings(
         env={},
         home=tmp_path / ".outbox",
         markdown_dir=tmp_path / "md",
         sinks="chroma",
         chroma_path=tmp_path / "chroma",
-        chroma_collection=f"test-{uuid.uuid4().hex[:12]}",
         **overrides,
     )
 
