@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -134,15 +134,6 @@ class Mirrors:
     def verify(self) -> VerifyReport:
         with self.lock.hold():
             return verify(self.storage, self.jsonl, self.markdown_dir, self.mirror_id)
-
-    @contextlib.contextmanager
-    def quietly(self, what: str) -> Iterator[None]:
-        """Mirror work that may fail without losing anything: the database holds the record
-        and repair rewrites the mirror, so a failure is logged, not raised."""
-        try:
-            yield
-        except OSError as exc:
-            log.warning("%s failed (%s); repair will restore it", what, exc.strerror)
 
     def close(self) -> None:
         self.lock.close()
