@@ -23,7 +23,7 @@ from sqlalchemy import (
 )
 
 # Bumped with every migration; opening compares it to alembic_version before loading Alembic.
-SCHEMA_REVISION = "0005"
+SCHEMA_REVISION = "0008"
 
 metadata = MetaData()
 

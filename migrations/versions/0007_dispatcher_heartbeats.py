@@ -1,0 +1,21 @@
+"""Dispatcher heartbeats: who is draining, from where, how fast.
+
+Revision ID: 0007
+Revises: 0006
+Create Date: 2026-12-01
+"""
+
+from __future__ import annotations
+
+revision = "0007"
+down_revision = "0006"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    """Placeholder: filled in by the change that owns this revision."""
+
+
+def downgrade() -> None:
+    """Placeholder: filled in by the change that owns this revision."""
