@@ -4,10 +4,15 @@ Two sources: the outbox's own fallback files (found through the fallback index o
 and folders of files an earlier fallback skill left behind (``outbox replay DIR``). Each file stays
 where it is, under its own name, and becomes its record's markdown mirror; nothing is moved or
 deleted, and a file whose record is already in the outbox adds nothing.
+
+The report and the log name a record by its key prefix, never by its file: a file's name
+carries the first words of its memory. A file with no key to go by (it cannot be parsed) is
+named by a short digest of its name.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -38,10 +43,20 @@ log = logging.getLogger(__name__)
 
 REPLAY_LIMIT = 100
 BATCH = 100
+KEY_PREFIX = 12  # as every other error and log line names a record
+
+
+def file_digest(path: Path | str) -> str:
+    """A file's name in reports when it has no key: 8 hex of SHA-256 of its name, which an
+    operator can recompute to find it, and which says nothing of the memory inside."""
+    return hashlib.sha256(os.path.basename(path).encode("utf-8", "surrogateescape")).hexdigest()[:8]
 
 
 @dataclass
 class ReplayReport:
+    """What a replay did. ``imported``, ``already`` and ``skipped`` hold file paths for the
+    caller in this process; ``to_dict`` and ``name_of``, what is printed, never do."""
+
     pending: int = 0
     imported: list[str] = field(default_factory=list)
     already: list[str] = field(default_factory=list)
@@ -49,18 +64,31 @@ class ReplayReport:
     warnings: list[str] = field(default_factory=list)
     refused: str | None = None
     not_reached: int = 0
+    keys: dict[str, str] = field(default_factory=dict)  # file path -> its record's key
 
     @property
     def ok(self) -> bool:
         return self.refused is None
 
+    def name_of(self, path: str) -> str:
+        """How a file is named in print: its record's key prefix, else its name's digest."""
+        key = self.keys.get(path)
+        return f"record {key[:KEY_PREFIX]}" if key else f"file #{file_digest(path)}"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
             "pending": self.pending,
-            "imported": self.imported,
-            "already_in_outbox": self.already,
-            "skipped": [{"file": name, "why": why} for name, why in self.skipped],
+            "imported": [self.keys[path][:KEY_PREFIX] for path in self.imported],
+            "already_in_outbox": [self.keys[path][:KEY_PREFIX] for path in self.already],
+            "skipped": [
+                {
+                    "key": self.keys[path][:KEY_PREFIX] if path in self.keys else None,
+                    "file_digest": file_digest(path),
+                    "why": why,
+                }
+                for path, why in self.skipped
+            ],
             "warnings": self.warnings,
             "refused": self.refused,
             "not_reached": self.not_reached,
@@ -169,9 +197,13 @@ class Replayer:
                 continue
             if pending is None:
                 continue
+            key = pending.record.key
+            report.keys[str(path)] = key
             for name in ("importance", "tags"):
                 if name not in pending.matter:
-                    report.warnings.append(f"{path}: no {name} in front matter; imported default")
+                    report.warnings.append(
+                        f"record {key[:KEY_PREFIX]}: no {name} in front matter; imported default"
+                    )
             found.append(pending)
         return found
 
@@ -202,6 +234,7 @@ class Replayer:
         for start in range(0, len(files), BATCH):
             unique: dict[str, PendingFile] = {}
             for item in files[start : start + BATCH]:
+                report.keys[str(item.path)] = item.record.key
                 if item.record.key in unique:
                     report.already.append(str(item.path))
                 else:
@@ -244,7 +277,10 @@ class Replayer:
         try:
             markdown.update_front_matter(item.path, updates)
         except OSError as exc:
-            report.warnings.append(f"{item.path}: front matter not updated ({exc.strerror})")
+            report.warnings.append(
+                f"record {entry.record.key[:KEY_PREFIX]}: front matter of its file not updated "
+                f"({exc.strerror})"
+            )
 
     def replay_dir(
         self,
@@ -286,6 +322,8 @@ class Replayer:
             files = self._load(existing, report)
             report.pending = len(files)
             self.import_files(files, report)
+        for path, why in report.skipped:
+            log.warning("fallback import skipped %s: %s", report.name_of(path), why)
         if report.imported:
             log.info("imported %d fallback records", len(report.imported))
             self.on_import()

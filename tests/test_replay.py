@@ -2,11 +2,14 @@
 
 The files under ``tests/fixtures/legacy/`` are hand-written in that skill's format; each test
 works on a copy. Replay is run as the real ``outbox replay`` command; deliveries through the
-``outbox drain`` command with the FaultySink.
+``outbox drain`` command with the FaultySink. The report names each record by its key prefix
+and a file it could not read by a digest of its name, never by the name itself (issue 13,
+point 5): a file's name carries the first words of its memory.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -14,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from outbox import Outbox, Settings
+from outbox.fallback import INDEX_NAME
 from tests.conftest import FAULTY
 from tests.helpers.checks import (
     accepted_counts,
@@ -59,6 +63,23 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in folder.iterdir()}
 
 
+def _digest(name: str) -> str:
+    """How the report names a file without a key: 8 hex of SHA-256 of its name."""
+    return hashlib.sha256(name.encode("utf-8")).hexdigest()[:8]
+
+
+def _fixture_key(name: str) -> str:
+    return contract_key(split_markdown(FIXTURES / name)[1].decode("utf-8"), PENDING[name])
+
+
+def _assert_names_no_file(output: bytes) -> None:
+    """No fixture's name, nor the words of it that come from the memory, in ``output``."""
+    text = output.decode("utf-8")
+    for path in FIXTURES.glob("*.md"):
+        assert path.name not in text
+        assert path.stem[11:] not in text, path.stem  # the slug: the memory's first words
+
+
 @pytest.fixture
 def legacy(settings: Settings) -> Path:
     """A copy of the fixtures as the markdown folder, where seed 000 left its files."""
@@ -68,20 +89,26 @@ def legacy(settings: Settings) -> Path:
 
 def test_replay_of_seed_000_files(settings: Settings, legacy: Path) -> None:
     original = _snapshot(legacy)
-    code, report = _replay_json(settings, str(legacy))
-    assert code == 0, report
+    done = run_cli(["replay", str(legacy), "--json"], cwd=settings.home.parent, env=_env(settings))
+    assert done.returncode == 0, done.stderr
+    _assert_names_no_file(done.stdout + done.stderr)
+    report = json.loads(done.stdout)
     assert report["refused"] is None and report["ok"] is True
-    assert sorted(Path(p).name for p in report["imported"]) == sorted(PENDING)  # type: ignore[union-attr]
-    assert [Path(p).name for p in report["already_in_outbox"]] == [DUPLICATE]  # type: ignore[union-attr]
-    skipped = {Path(s["file"]).name: s["why"] for s in report["skipped"]}  # type: ignore[union-attr]
-    assert sorted(skipped) == sorted(MALFORMED)
-    assert "closing" in skipped["2026-03-18-no-closing-fence.md"]
-    assert "YAML" in skipped["2026-03-18-invalid-yaml.md"]
-    assert "timestamp" in skipped["2026-03-18-no-timestamp.md"]
-    warnings = " ".join(report["warnings"])  # type: ignore[arg-type]
-    assert "2026-03-16-no-importance-no-tags.md: no importance" in warnings
-    assert "2026-03-16-no-importance-no-tags.md: no tags" in warnings
-    assert len(report["warnings"]) == 2  # type: ignore[arg-type]
+    prefixes = {name: _fixture_key(name)[:12] for name in PENDING}
+    assert sorted(report["imported"]) == sorted(prefixes.values())
+    # The second file of a pair is named by the key it shares with the first.
+    assert report["already_in_outbox"] == [prefixes["2026-03-19-duplicate-first.md"]]
+    skipped = {entry["file_digest"]: entry for entry in report["skipped"]}
+    assert sorted(skipped) == sorted(_digest(name) for name in MALFORMED)
+    assert all(entry["key"] is None for entry in skipped.values())  # none could be read
+    assert "closing" in skipped[_digest("2026-03-18-no-closing-fence.md")]["why"]
+    assert "YAML" in skipped[_digest("2026-03-18-invalid-yaml.md")]["why"]
+    assert "timestamp" in skipped[_digest("2026-03-18-no-timestamp.md")]["why"]
+    defaulted = prefixes["2026-03-16-no-importance-no-tags.md"]
+    assert sorted(report["warnings"]) == [
+        f"record {defaulted}: no importance in front matter; imported default",
+        f"record {defaulted}: no tags in front matter; imported default",
+    ]
 
     # Nothing moved, deleted or added; the files not imported are untouched byte for byte.
     after = _snapshot(legacy)
@@ -129,14 +156,15 @@ def test_replay_of_seed_000_files(settings: Settings, legacy: Path) -> None:
 
     # Twice adds nothing: the same report, in words this time, and no new line anywhere.
     jsonl = settings.jsonl_path.read_bytes()
-    again = run_cli(["replay", str(legacy)], cwd=settings.home.parent, env=_env(settings))
+    again = run_cli(["-v", "replay", str(legacy)], cwd=settings.home.parent, env=_env(settings))
     assert again.returncode == 0
+    _assert_names_no_file(again.stdout + again.stderr)  # the words, and the logs at INFO
     text = again.stdout.decode("utf-8")
     assert text.startswith(
         f"0 imported, {len(PENDING) + 1} already in the outbox, 3 skipped, 0 left for a later run"
     )
     for name in MALFORMED:
-        assert f"skipped {legacy / name}: " in text
+        assert f"skipped file #{_digest(name)}: " in text
     assert settings.jsonl_path.read_bytes() == jsonl
     with Outbox.open(settings) as ob:
         assert ob.storage.records.count_records() == len(PENDING)
@@ -210,3 +238,20 @@ def test_more_than_100_pending_files_need_a_budget(settings: Settings, tmp_path:
     assert not markdown_files(settings.markdown_dir)  # imported where they are, not copied
     verified = run_cli(["verify"], cwd=cwd, env=env)
     assert verified.returncode == 0, verified.stdout
+
+
+def test_a_fallback_file_the_open_cannot_import_is_logged_by_digest(settings: Settings) -> None:
+    """The import every open makes logs a file it skips by its name's digest: the name itself
+    holds the memory's first words."""
+    Outbox.open(settings).close()  # the store exists; its queue then holds a broken file
+    name = "2026-03-15-my-bank-password-is-hunter2.md"
+    settings.markdown_dir.mkdir(mode=0o700, parents=True)
+    (settings.markdown_dir / name).write_text(
+        "---\noutbox_fallback: true\ntimestamp: [never closed\n---\nthe memory", encoding="utf-8"
+    )
+    (settings.markdown_dir / INDEX_NAME).write_text(name + "\n", encoding="utf-8")
+    done = run_cli(["-v", "status"], cwd=settings.home.parent, env=_env(settings))
+    assert done.returncode == 0, done.stderr
+    stderr = done.stderr.decode("utf-8")
+    assert f"fallback import skipped file #{_digest(name)}: " in stderr
+    assert "hunter2" not in stderr + done.stdout.decode("utf-8")

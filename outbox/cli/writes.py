@@ -76,7 +76,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         f"{len(report.imported)} imported, {len(report.already)} already in the outbox, "
         f"{len(report.skipped)} skipped, {report.not_reached} left for a later run"
     ]
-    lines += [f"skipped {name}: {why}" for name, why in report.skipped]
+    lines += [f"skipped {report.name_of(path)}: {why}" for path, why in report.skipped]
     lines += [f"warning: {text}" for text in report.warnings]
     if report.refused:
         lines = [f"refused: {report.refused}; nothing imported"]
