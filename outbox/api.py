@@ -114,6 +114,7 @@ class Outbox:
         else:
             bound = self.settings.busy_timeout + WRITE_MARGIN_SECONDS
             call_within(bound, lambda: migrate.upgrade(self.engine, self.reader), "schema check")
+        self.storage.locations.check(self.settings)  # mirrors elsewhere than recorded: refused
         self._migrated = True
 
     # -- writing --------------------------------------------------------------------------

@@ -136,3 +136,15 @@ SEARCH_INDEX_NAMES = ("records_fts", "ix_records_content_fts")
 
 def is_search_index(name: str | None) -> bool:
     return bool(name) and str(name).startswith(SEARCH_INDEX_NAMES)
+
+
+# Where each machine's mirrors live (OUTBOX_JSONL_PATH, OUTBOX_MARKDOWN_DIR), recorded by the
+# first open that finds none, so a later open pointing elsewhere is refused (migration 0006).
+store_locations = Table(
+    "store_locations",
+    metadata,
+    Column("mirror_id", String(255), primary_key=True),
+    Column("jsonl_path", Text, nullable=False),
+    Column("markdown_dir", Text, nullable=False),
+    Column("recorded_at", Float, nullable=False),
+)

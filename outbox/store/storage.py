@@ -12,6 +12,7 @@ from __future__ import annotations
 from sqlalchemy import Engine
 
 from outbox.store.deliveries import DeliveryStore
+from outbox.store.locations import LocationStore
 from outbox.store.mirror_state import MirrorStateStore
 from outbox.store.recall import RecallQueries
 from outbox.store.records import RecordStore
@@ -28,6 +29,7 @@ class Storage:
         self.deliveries = DeliveryStore(self.engine, self.reader)
         self.mirror_state = MirrorStateStore(self.engine, self.reader)
         self.recall = RecallQueries(self.reader)
+        self.locations = LocationStore(self.engine, self.reader)  # where the mirrors live
 
     def integrity_problems(self) -> list[str]:
         """What the database's own check finds wrong (SQLite's ``quick_check``: pages,
