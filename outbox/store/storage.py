@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from sqlalchemy import Engine
 
+from outbox.store.browse import BrowseQueries
 from outbox.store.deliveries import DeliveryStore
 from outbox.store.locations import LocationStore
 from outbox.store.mirror_state import MirrorStateStore
@@ -29,6 +30,7 @@ class Storage:
         self.deliveries = DeliveryStore(self.engine, self.reader)
         self.mirror_state = MirrorStateStore(self.engine, self.reader)
         self.recall = RecallQueries(self.reader)
+        self.browse = BrowseQueries(self.reader)  # the dashboard's reads
         self.locations = LocationStore(self.engine, self.reader)  # where the mirrors live
 
     def integrity_problems(self) -> list[str]:
