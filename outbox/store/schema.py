@@ -148,3 +148,23 @@ store_locations = Table(
     Column("markdown_dir", Text, nullable=False),
     Column("recorded_at", Float, nullable=False),
 )
+
+# One row per dispatcher daemon (``outbox run``): who drains, from where, how fast, and whether
+# it still beats. A row whose beat is older than its own ``gone_after`` is a dispatcher that
+# died without stopping (migration 0007).
+dispatcher_heartbeats = Table(
+    "dispatcher_heartbeats",
+    metadata,
+    Column("owner", String(255), primary_key=True),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("sinks", JSON, nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("beat_at", Float, nullable=False),
+    Column("gone_after", Float, nullable=False),
+    Column("last_batch_at", Float),
+    Column("delivered", BigInteger, nullable=False),
+    Column("failed", BigInteger, nullable=False),
+    Column("records_per_second", Float, nullable=False),
+    Column("stopped_at", Float),
+)

@@ -13,6 +13,7 @@ from sqlalchemy import Engine
 
 from outbox.store.browse import BrowseQueries
 from outbox.store.deliveries import DeliveryStore
+from outbox.store.heartbeats import HeartbeatStore
 from outbox.store.locations import LocationStore
 from outbox.store.mirror_state import MirrorStateStore
 from outbox.store.recall import RecallQueries
@@ -32,6 +33,7 @@ class Storage:
         self.recall = RecallQueries(self.reader)
         self.browse = BrowseQueries(self.reader)  # the dashboard's reads
         self.locations = LocationStore(self.engine, self.reader)  # where the mirrors live
+        self.heartbeats = HeartbeatStore(self.engine, self.reader)  # which dispatchers live
 
     def integrity_problems(self) -> list[str]:
         """What the database's own check finds wrong (SQLite's ``quick_check``: pages,

@@ -26,6 +26,7 @@ from sqlalchemy import Engine, select
 
 from outbox.record import build_record
 from outbox.states import DeliveryState
+from outbox.store.heartbeats import Heartbeat
 from outbox.store.schema import FRONTIER_NODE_ID, deliveries, graph_edges, graph_nodes, records
 from outbox.store.storage import Storage
 from outbox.testing.storage_helpers import (
@@ -405,6 +406,57 @@ class StorageConformance:
         args = [(url, str(tmp_path / f"proc-{n}"), f"proc-{n}") for n in range(2)]
         results = run_processes(claim_process, args)
         assert_partitioned(storage.engine, [got for _owner, got in results], total)
+
+    # -- where each machine's mirrors live --------------------------------------------------
+
+    def test_locations_are_recorded_once_per_mirror_and_replaced_only_on_purpose(
+        self, storage: Storage, tmp_path: Path
+    ) -> None:
+        from outbox.store.locations import MirrorPlaces
+
+        first = MirrorPlaces(tmp_path / "a" / "outbox.jsonl", tmp_path / "a" / "md")
+        second = MirrorPlaces(tmp_path / "b" / "outbox.jsonl", tmp_path / "b" / "md")
+        places = storage.locations
+        assert places.recorded("machine-1") is None
+        places.record("machine-1", first)
+        places.record("machine-1", second)  # a later open never overwrites the first one's
+        places.record("machine-2", second)
+        assert places.recorded("machine-1") == first
+        assert places.recorded("machine-2") == second
+        places.record("machine-1", second, replace=True)  # a store moved whole
+        assert places.recorded("machine-1") == second
+
+    # -- dispatcher heartbeats --------------------------------------------------------------
+
+    def test_heartbeats_replace_their_owners_row_and_tell_alive_gone_and_stopped(
+        self, storage: Storage
+    ) -> None:
+        def beat(owner: str, at: float, delivered: int) -> Heartbeat:
+            return Heartbeat(
+                owner=owner,
+                host="box",
+                pid=7,
+                sinks=("chroma", "brainlayer"),
+                started_at=100.0,
+                beat_at=at,
+                gone_after=20.0,
+                last_batch_at=at - 0.5,
+                delivered=delivered,
+                failed=1,
+                records_per_second=12.5,
+            )
+
+        storage.heartbeats.beat(beat("a", 110.0, 5))
+        storage.heartbeats.beat(beat("a", 115.25, 9))  # the same owner: one row, replaced
+        storage.heartbeats.beat(beat("b", 112.0, 0))
+        found = {hb.owner: hb for hb in storage.heartbeats.all()}
+        assert found["a"] == beat("a", 115.25, 9), "every field comes back exactly"
+        assert [hb.state(133.0) for hb in (found["a"], found["b"])] == ["alive", "gone"]
+        storage.heartbeats.stop("a", 140.0)
+        stopped = {hb.owner: hb for hb in storage.heartbeats.all()}["a"]
+        assert (stopped.stopped_at, stopped.state(500.0)) == (140.0, "stopped")
+        assert storage.heartbeats.prune(before=113.0) == 1  # b's last beat is older
+        assert [hb.owner for hb in storage.heartbeats.all()] == ["a"]
 
     # -- where each machine's mirrors live --------------------------------------------------
 
