@@ -407,25 +407,6 @@ class StorageConformance:
         results = run_processes(claim_process, args)
         assert_partitioned(storage.engine, [got for _owner, got in results], total)
 
-    # -- where each machine's mirrors live --------------------------------------------------
-
-    def test_locations_are_recorded_once_per_mirror_and_replaced_only_on_purpose(
-        self, storage: Storage, tmp_path: Path
-    ) -> None:
-        from outbox.store.locations import MirrorPlaces
-
-        first = MirrorPlaces(tmp_path / "a" / "outbox.jsonl", tmp_path / "a" / "md")
-        second = MirrorPlaces(tmp_path / "b" / "outbox.jsonl", tmp_path / "b" / "md")
-        places = storage.locations
-        assert places.recorded("machine-1") is None
-        places.record("machine-1", first)
-        places.record("machine-1", second)  # a later open never overwrites the first one's
-        places.record("machine-2", second)
-        assert places.recorded("machine-1") == first
-        assert places.recorded("machine-2") == second
-        places.record("machine-1", second, replace=True)  # a store moved whole
-        assert places.recorded("machine-1") == second
-
     # -- dispatcher heartbeats --------------------------------------------------------------
 
     def test_heartbeats_replace_their_owners_row_and_tell_alive_gone_and_stopped(
