@@ -53,6 +53,9 @@ class Settings:
     synchronous: str = "FULL"
     lease_seconds: float = 60.0
     sink_timeout: float = 25.0
+    # ``outbox run``'s heartbeat period, and the port of its Prometheus endpoint (0: none).
+    heartbeat_interval: float = 5.0
+    metrics_port: int = 0
     mirror_id: str = field(default_factory=socket.gethostname)
 
     @property
@@ -175,6 +178,7 @@ _INT_LIMITS = {
     "batch_size": (1, 5000),
     "min_content_length": (1, 1_000_000),
     "max_content_bytes": (1, 64 * 1_048_576),
+    "metrics_port": (0, 65535),
 }
 _SECONDS_MINIMUM = {
     "poll_interval": 0.01,
@@ -183,6 +187,7 @@ _SECONDS_MINIMUM = {
     "lease_seconds": 1.0,
     "sink_timeout": 0.1,
     "chroma_idle": 0.0,
+    "heartbeat_interval": 0.05,
 }
 
 
@@ -254,6 +259,7 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
             "OUTBOX_CHROMA_MODE", "embedded opens OUTBOX_CHROMA_PATH; unset OUTBOX_CHROMA_URL"
         )
     home = settings.home.absolute() if "home" in values else find_home(Path.cwd())
+    _check_folder_setting("OUTBOX_HOME", home, "a folder")
     defaults: dict[str, Any] = {"home": home}
     if not settings.db_url:
         defaults["db_url"] = f"sqlite:///{home / 'outbox.db'}"
@@ -266,7 +272,23 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
     if settings.chroma_path == Path():
         defaults["chroma_path"] = home / "chroma"
     settings = replace(settings, **defaults)
-    return replace(settings, **_rooted_paths(settings, home.parent))
+    settings = replace(settings, **_rooted_paths(settings, home.parent))
+    _check_folder_setting("OUTBOX_MARKDOWN_DIR", settings.markdown_dir, "a folder")
+    _check_folder_setting("OUTBOX_JSONL_PATH", settings.jsonl_path.parent, "a file in a folder")
+    return settings
+
+
+def _check_folder_setting(setting: str, folder: Path, wanted: str) -> None:
+    """A folder setting whose path, or a parent of it, is a file cannot become a folder:
+    refused here, naming both, instead of every write going to the fallback queue."""
+    for path in (folder, *folder.parents):
+        if path.exists():
+            if not path.is_dir():
+                where = "is" if path == folder else f"is inside {path}, which is"
+                raise ConfigError(
+                    setting, f"{folder} {where} a file, not a folder; point {setting} at {wanted}"
+                )
+            return
 
 
 def find_home(start: Path) -> Path:

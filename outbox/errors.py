@@ -35,3 +35,32 @@ class MirrorBusy(OutboxError):
 class DatabaseTimeout(OutboxError):
     """The database server did not answer within the write's time bound (a server that
     stopped answering: the driver itself would wait for its reply forever)."""
+
+
+class StoreUnreadable(OutboxError):
+    """The database could not be opened or read: names where it is and what to check."""
+
+    @classmethod
+    def of(cls, db_url: str, exc: BaseException, doing: str = "read") -> StoreUnreadable:
+        """The error for ``exc`` met on ``db_url`` while trying to ``doing`` it: the driver's
+        first line, the database (a file's path, a server's URL without its password), and
+        what to do about it."""
+        from sqlalchemy.engine import make_url
+
+        url = make_url(db_url)
+        sqlite = url.drivername.startswith("sqlite")
+        where = url.database if sqlite else url.render_as_string(hide_password=True)
+        cause = str(getattr(exc, "orig", None) or exc).splitlines()[0] or type(exc).__name__
+        lowered = cause.lower()
+        if "locked" in lowered or "busy" in lowered:
+            hint = "another process holds its lock; try again, or raise OUTBOX_BUSY_TIMEOUT"
+        elif "not a database" in lowered or "malformed" in lowered:
+            hint = "the file is damaged or not an outbox database; `outbox rebuild` recreates it"
+        elif sqlite:
+            hint = "check that the file and its folder exist and this user may read and write them"
+        else:
+            hint = "check that the server is up and reachable"
+        return cls(
+            f"cannot {doing} the database {where} ({cause}); {hint}, or point OUTBOX_DB_URL "
+            "(or OUTBOX_HOME) at the right store"
+        )

@@ -7,10 +7,14 @@ Kept apart from the façade so ``api.py`` stays the wiring of the write and deli
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy.exc import DBAPIError
+
+from outbox.errors import StoreUnreadable
 from outbox.receipt import Receipt
 from outbox.states import SETTLED, DeliveryState, ReceiptStatus
 
@@ -18,15 +22,27 @@ if TYPE_CHECKING:
     from outbox.config import Settings
     from outbox.mirror.mirrors import Mirrors
     from outbox.store.delivery_reads import DeliveryRow
+    from outbox.store.heartbeats import Heartbeat
     from outbox.store.storage import Storage
+
+# How many hex digits name a record in status output (and in logs).
+KEY_PREFIX = 12
 
 
 def status_report(storage: Storage, settings: Settings) -> dict[str, Any]:
-    """Counts per sink and state, the oldest pending age, and what is failing right now."""
+    """Counts per sink and state, the oldest pending age, what is failing right now and why,
+    and every dispatcher daemon on record. A database that cannot be read is an error naming
+    it, not a driver message."""
+    try:
+        return _status(storage, settings, time.time())
+    except (DBAPIError, sqlite3.Error) as exc:
+        raise StoreUnreadable.of(settings.db_url, exc) from None
+
+
+def _status(storage: Storage, settings: Settings, now: float) -> dict[str, Any]:
     counts = storage.deliveries.counts()
     oldest = storage.deliveries.oldest_pending()
     retrying = storage.deliveries.retrying()
-    now = time.time()
     sinks = list(dict.fromkeys([*settings.sinks, *counts]))
     per_sink = {
         sink: {
@@ -34,6 +50,7 @@ def status_report(storage: Storage, settings: Settings) -> dict[str, Any]:
             "oldest_pending_age": round(now - oldest[sink], 3) if sink in oldest else None,
             "retrying": retrying.get(sink, (0, None))[0],
             "last_failure": retrying.get(sink, (0, None))[1],
+            "last_error": _latest_error(storage, sink) if sink in retrying else None,
         }
         for sink in sinks
     }
@@ -41,10 +58,41 @@ def status_report(storage: Storage, settings: Settings) -> dict[str, Any]:
         "records": storage.records.count_records(),
         "sinks": per_sink,
         "dead_letters": sum(entry["dead"] for entry in per_sink.values()),
+        "dispatchers": [dispatcher_view(beat, now) for beat in storage.heartbeats.all()],
         # Never the password of a PostgreSQL URL: status output ends up in logs and issues.
         "database": storage.engine.url.render_as_string(hide_password=True),
         "jsonl_path": str(settings.jsonl_path),
         "markdown_dir": str(settings.markdown_dir),
+    }
+
+
+def _latest_error(storage: Storage, sink: str) -> dict[str, str | None] | None:
+    """The most recent failure of ``sink`` still pending: its record's key prefix and the
+    error the sink gave (the full text of every failure: ``outbox dead show KEY``)."""
+    row = storage.deliveries.latest_failure(sink)
+    if row is None:
+        return None
+    return {"key": row.key[:KEY_PREFIX], "reason": row.error_class, "error": row.last_error}
+
+
+def dispatcher_view(beat: Heartbeat, now: float) -> dict[str, Any]:
+    """One dispatcher for ``status``: its last beat, and whether it is alive, gone (no beat
+    for longer than the bound it set itself) or stopped."""
+    return {
+        "owner": beat.owner,
+        "host": beat.host,
+        "pid": beat.pid,
+        "sinks": list(beat.sinks),
+        "state": beat.state(now),
+        "started_at": beat.started_at,
+        "beat_at": beat.beat_at,
+        "beat_age": round(max(0.0, now - beat.beat_at), 3),
+        "gone_after": beat.gone_after,
+        "last_batch_at": beat.last_batch_at,
+        "records_per_second": beat.records_per_second,
+        "delivered": beat.delivered,
+        "failed": beat.failed,
+        "stopped_at": beat.stopped_at,
     }
 
 

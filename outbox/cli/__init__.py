@@ -7,24 +7,29 @@ Heavy modules are imported inside the command that needs them so ``outbox add`` 
 from __future__ import annotations
 
 import argparse
-import logging
 from collections.abc import Sequence
 
 from outbox.cli import delivery, memory, records, reindex, status, writes
-from outbox.cli.common import EXIT_FAILED, EXIT_INVALID, EXIT_OK, Handler, error_line, fail
+from outbox.cli.common import (
+    EXIT_FAILED,
+    EXIT_INVALID,
+    EXIT_OK,
+    Handler,
+    add_verbosity,
+    configure_logging,
+    fail,
+    failure_line,
+)
 from outbox.errors import ConfigError, OutboxError, ValidationError
 
 __all__ = ["EXIT_FAILED", "EXIT_INVALID", "EXIT_OK", "build_parser", "main"]
-
-# The long-running commands also log warnings, since nobody reads their return value.
-_LONG_RUNNING = ("run", "drain", "mcp", "reindex")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="outbox", description="Durable, never-lying write path for agent memory."
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO on stderr")
+    add_verbosity(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(
@@ -34,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         if json_flag:
             sub.add_argument("--json", action="store_true", help="print one JSON object")
         sub.set_defaults(handler=handler)
+        add_verbosity(sub, subcommand=True)
         return sub
 
     writes.register_add(command)
@@ -53,12 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed its one-line usage error
         return EXIT_INVALID if exc.code not in (0, None) else EXIT_OK
-    # A one-shot command speaks through its result and one error line.
-    quiet = logging.ERROR if args.command not in _LONG_RUNNING else logging.WARNING
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else quiet,
-        format="outbox: %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(args)
     try:
         return int(args.handler(args))
     except (ValidationError, ConfigError) as exc:
@@ -68,4 +69,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return fail("interrupted", 130)
     except Exception as exc:  # one error line on the command line, never a traceback
-        return fail(f"{exc.__class__.__name__}: {error_line(exc)}", EXIT_FAILED)
+        return fail(failure_line(exc), EXIT_FAILED)

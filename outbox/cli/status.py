@@ -4,31 +4,67 @@ still agree with the database."""
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 from outbox.cli.common import EXIT_FAILED, EXIT_OK, AddCommand, emit, open_outbox
+from outbox.states import DeliveryState
 
 
-def status_text(status: dict[str, Any]) -> str:
-    """``Outbox.status()`` as a table, with one line per sink that is failing right now."""
+def status_text(status: dict[str, Any], now: float | None = None) -> str:
+    """``Outbox.status()`` as a table sized to its longest sink name, one line per sink that is
+    failing right now (with the error), and the dispatchers: alive, gone or stopped."""
+    now = time.time() if now is None else now
     lines = [f"records: {status['records']}"]
-    header = f"{'sink':<24}{'pending':>9}{'leased':>8}{'delivered':>11}{'dead':>6}  oldest pending"
-    lines.append(header)
+    states = [str(state) for state in DeliveryState]
+    width = max([len("sink"), *map(len, status["sinks"])]) + 2
+    header = "".join(f"{state:>{max(len(state), 4) + 2}}" for state in states)
+    lines.append(f"{'sink':<{width}}{header}  oldest pending")
     for sink, row in status["sinks"].items():
         age = row["oldest_pending_age"]
-        age_text = "-" if age is None else f"{age:.1f}s"
-        lines.append(
-            f"{sink:<24}{row['pending']:>9}{row['leased']:>8}{row['delivered']:>11}"
-            f"{row['dead']:>6}  {age_text}"
-        )
+        cells = "".join(f"{row.get(state, 0):>{max(len(state), 4) + 2}}" for state in states)
+        lines.append(f"{sink:<{width}}{cells}  {'-' if age is None else f'{age:.1f}s'}")
     for sink, row in status["sinks"].items():
         if row["retrying"]:
+            latest = row.get("last_error") or {}
             lines.append(
-                f"{sink}: {row['retrying']} pending after a failure, "
-                f"the latest {row['last_failure']}"
+                f"{sink}: {row['retrying']} pending after a failure; the latest "
+                f"({latest.get('key', '?')}, {row['last_failure']}): "
+                f"{_one_line(latest.get('error'))}"
             )
     lines.append(f"dead letters: {status['dead_letters']}")
+    lines += _dispatcher_lines(status.get("dispatchers", []), now)
     return "\n".join(lines)
+
+
+def _one_line(text: str | None, limit: int = 300) -> str:
+    flat = " ".join((text or "no error text recorded").split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _dispatcher_lines(dispatchers: list[dict[str, Any]], now: float) -> list[str]:
+    """One line per ``outbox run`` on record; a gone one says when it was last heard of."""
+    if not dispatchers:
+        return ["dispatchers: none running (start one with outbox run)"]
+    lines = ["dispatchers:"]
+    for d in dispatchers:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d["started_at"]))
+        batch = d["last_batch_at"]
+        since = "no batch yet" if batch is None else f"last batch {now - batch:.1f}s ago"
+        if d["state"] == "alive":
+            health = f"{d['records_per_second']:.1f} records/s, {since}"
+        elif d["state"] == "gone":
+            health = (
+                f"no heartbeat for {d['beat_age']:.1f}s (bound {d['gone_after']:.0f}s): "
+                "it died without stopping; its leased rows return when their leases expire"
+            )
+        else:
+            health = f"stopped {now - d['stopped_at']:.0f}s ago"
+        lines.append(
+            f"  {d['host']}:{d['pid']}  {d['state']:<7}  started {started}  "
+            f"delivered {d['delivered']}, failed {d['failed']}  {health}"
+        )
+    return lines
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -60,7 +96,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def register(command: AddCommand) -> None:
-    command("status", cmd_status, "counts per sink and state, oldest pending age, dead letters")
+    command(
+        "status",
+        cmd_status,
+        "counts per sink and state, oldest pending age, dead letters, dispatchers alive or gone",
+    )
     verify = command("verify", cmd_verify, "check that mirrors and database agree")
     verify.add_argument(
         "--repair", action="store_true", help="first rewrite whatever any record's mirrors lack"

@@ -163,3 +163,20 @@ class DeliveryReads:
         with self.reader.connect() as conn:
             rows = conn.execute(query.order_by(deliveries.c.id).limit(limit)).all()
         return [row_to_delivery(row) for row in rows]
+
+    def latest_failure(self, sink: str) -> DeliveryRow | None:
+        """The pending row of ``sink`` that failed most recently: its error is what
+        ``status`` shows as the sink's trouble right now."""
+        query = (
+            select(deliveries)
+            .where(
+                deliveries.c.sink == sink,
+                deliveries.c.state == DeliveryState.PENDING,
+                deliveries.c.error_class.is_not(None),
+            )
+            .order_by(deliveries.c.updated_at.desc())
+            .limit(1)
+        )
+        with self.reader.connect() as conn:
+            row = conn.execute(query).first()
+        return None if row is None else row_to_delivery(row)
