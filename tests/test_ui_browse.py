@@ -139,3 +139,16 @@ def test_the_queries_use_indexes(outbox: Outbox) -> None:
     assert "COVERING INDEX ix_deliveries_due" in delivered, delivered
     assert "COVERING INDEX ix_deliveries_due" in dead, dead
     assert "INDEX ix_deliveries_due" in retrying, retrying
+
+
+def test_tags_with_quotes_and_accents_are_found_past_the_probe(
+    either_backend: Outbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tag scan's cheap text test must never drop a row the exact test admits."""
+    monkeypatch.setattr(browse, "TAG_PROBE", 1)
+    odd = ["café", 'say "hi"', "back\\slash", "雪", "a,b"]
+    keys = {tag: either_backend.add(f"tagged {tag}", tags=[tag, "x"]).key for tag in odd}
+    either_backend.add("the newest, tagged otherwise", tags=["other"])
+    for tag, key in keys.items():
+        assert [row.key for row in _reads(either_backend).memories(limit=5, tag=tag)] == [key]
+    assert _reads(either_backend).memories(limit=5, tag="caf") == []
