@@ -43,6 +43,10 @@ class Settings:
     brainlayer_db: Path | None = None
     brainlayer_mcp: str | None = None
     embedding: str = "minilm"
+    # ONNX threads of the embedder (0: the cores but one, so writers keep a core) and how far
+    # ``outbox run`` lowers its own CPU priority (a nice increment; 0 leaves it).
+    embed_threads: int = 0
+    run_nice: int = 10
     max_retries: int = 10
     batch_size: int = 64
     poll_interval: float = 1.0
@@ -178,6 +182,8 @@ _INT_LIMITS = {
     "batch_size": (1, 5000),
     "min_content_length": (1, 1_000_000),
     "max_content_bytes": (1, 64 * 1_048_576),
+    "embed_threads": (0, 64),
+    "run_nice": (0, 19),
     "metrics_port": (0, 65535),
 }
 _SECONDS_MINIMUM = {

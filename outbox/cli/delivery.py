@@ -70,9 +70,14 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import os
     import signal
     import threading
 
+    from outbox.config import load_settings
+
+    # Before any thread starts (each inherits it): a backfill leaves the writers the CPU.
+    os.nice(load_settings().run_nice)
     stop = threading.Event()
 
     def _stop(_signum: int, _frame: object) -> None:

