@@ -304,6 +304,11 @@ class Outbox:
         """
         return wait_delivered(self.storage, self.settings, key, sink, timeout)
 
+    def wait_mirrored(self, timeout: float | None = None) -> bool:
+        """Wait until this process's committed records have their JSONL line and markdown
+        file (written just after each commit, off the caller's clock); False on timeout."""
+        return self.writer.wait_mirrored(timeout)
+
     # -- lifetime -------------------------------------------------------------------------
 
     @property

@@ -3,7 +3,7 @@
 While one transaction commits, callers that arrive queue up; the next to lead commits all of
 them at once, so they pay one fsync between them instead of one each. Every caller keeps its
 own result and its own time bound. Knows nothing of SQL or files: it is handed the function
-that commits a list of records.
+that commits a list of items (records, each with the file its caller rendered).
 """
 
 from __future__ import annotations
@@ -15,19 +15,19 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from outbox.errors import MirrorBusy
-from outbox.record import Record
 
-T = TypeVar("T")
+Item = TypeVar("Item")  # what a caller commits
+T = TypeVar("T")  # what it gets back, one per item
 
-# Commits ``records`` as one transaction bounded by ``deadline``; one result per record.
-CommitFn = Callable[[Sequence[Record], float], list[T]]
+# Commits ``items`` as one transaction bounded by ``deadline``; one result per item.
+CommitFn = Callable[[Sequence[Item], float], list[T]]
 
 
 @dataclass(eq=False)
-class Ticket(Generic[T]):
-    """One caller's records waiting to be committed, alone or in a group with others'."""
+class Ticket(Generic[Item, T]):
+    """One caller's items waiting to be committed, alone or in a group with others'."""
 
-    records: Sequence[Record]
+    items: Sequence[Item]
     deadline: float
     done: threading.Event | None = None  # only a ticket that waits needs one
     lead: bool = False
@@ -36,13 +36,13 @@ class Ticket(Generic[T]):
     error: BaseException | None = None
 
 
-class GroupCommit(Generic[T]):
+class GroupCommit(Generic[Item, T]):
     """The queue of callers and the lead that passes between them."""
 
-    def __init__(self, commit: CommitFn[T]) -> None:
+    def __init__(self, commit: CommitFn[Item, T]) -> None:
         self._commit = commit
         self._lock = threading.Lock()
-        self._waiting: list[Ticket[T]] = []
+        self._waiting: list[Ticket[Item, T]] = []
         self._leading = False
 
     @property
@@ -55,13 +55,13 @@ class GroupCommit(Generic[T]):
         """How many callers are queued (the leader's own ticket until it takes the queue)."""
         return len(self._waiting)
 
-    def submit(self, records: Sequence[Record], deadline: float) -> list[T]:
-        """Commit ``records`` in this caller's group; one result per record, in order.
+    def submit(self, items: Sequence[Item], deadline: float) -> list[T]:
+        """Commit ``items`` in this caller's group; one result per item, in order.
 
         A group commits as a whole or not at all: if its transaction fails, every caller
         in it sees that error.
         """
-        ticket: Ticket[T] = Ticket(records, deadline)
+        ticket: Ticket[Item, T] = Ticket(items, deadline)
         with self._lock:
             self._waiting.append(ticket)
             if self._leading:
@@ -81,7 +81,7 @@ class GroupCommit(Generic[T]):
         assert ticket.results is not None
         return ticket.results
 
-    def wait_turn(self, ticket: Ticket[T]) -> None:
+    def wait_turn(self, ticket: Ticket[Item, T]) -> None:
         """Wait until a leader has committed this ticket or handed over the lead to it.
 
         A ticket nobody has taken by its deadline leaves the queue and fails in time (the
@@ -96,17 +96,17 @@ class GroupCommit(Generic[T]):
                 raise MirrorBusy("other writers held the write queue past the write's time bound")
         ticket.done.wait()
 
-    def _lead(self, own: Ticket[T]) -> None:
+    def _lead(self, own: Ticket[Item, T]) -> None:
         """Commit every queued ticket as one group, then pass the lead to the next in line.
 
         The group's bound is its earliest deadline, so no caller in it waits past its own.
         """
-        group: list[Ticket[T]] = []
+        group: list[Ticket[Item, T]] = []
         try:
             with self._lock:
                 group, self._waiting = self._waiting, []
-            records = [record for ticket in group for record in ticket.records]
-            results = self._commit(records, min(ticket.deadline for ticket in group))
+            items = [item for ticket in group for item in ticket.items]
+            results = self._commit(items, min(ticket.deadline for ticket in group))
         except BaseException as exc:
             for ticket in group or [own]:  # empty: interrupted before taking the queue
                 # Only the leader's own thread sees an interrupt (KeyboardInterrupt,
@@ -116,8 +116,8 @@ class GroupCommit(Generic[T]):
         else:
             start = 0
             for ticket in group:
-                ticket.results = results[start : start + len(ticket.records)]
-                start += len(ticket.records)
+                ticket.results = results[start : start + len(ticket.items)]
+                start += len(ticket.items)
         finally:
             own.passed = True
             with self._lock:
@@ -139,7 +139,7 @@ class GroupCommit(Generic[T]):
         else:
             self._leading = False
 
-    def _abandon(self, ticket: Ticket[T]) -> None:
+    def _abandon(self, ticket: Ticket[Item, T]) -> None:
         """An interrupted caller leaves the queue, and hands on a lead it never used."""
         with self._lock:
             if ticket in self._waiting:

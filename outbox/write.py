@@ -1,4 +1,8 @@
-"""The durable write: one transaction for record, graph node, edge and outbox rows, then mirrors.
+"""The durable write: one transaction for record, graph node, edge and outbox rows.
+
+A receipt promises the commit. The record's JSONL line and markdown file follow right after
+it, written by the mirror writer's thread in commit order (``Mirrors.defer``), so a caller
+never waits for its files; ``wait_mirrored`` is there for one that needs them.
 
 This module imports no sink, no model and no chromadb: a write can never wait on them.
 """
@@ -6,7 +10,6 @@ This module imports no sink, no model and no chromadb: a write can never wait on
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -14,7 +17,7 @@ from dataclasses import dataclass, replace
 from sqlalchemy import Connection
 
 from outbox.group_commit import GroupCommit
-from outbox.mirror.mirrors import Mirrors
+from outbox.mirror.mirrors import Mirrors, NewMirror
 from outbox.receipt import Receipt
 from outbox.record import Record
 from outbox.slugs import markdown_filename
@@ -23,9 +26,7 @@ from outbox.store.bounded import call_within
 from outbox.store.storage import Storage
 from outbox.store.wakeup import notify
 
-log = logging.getLogger(__name__)
-
-# Beyond the busy timeout, what a write may take for its own statements and mirrors.
+# Beyond the busy timeout, what a write may take for its own statements.
 WRITE_MARGIN_SECONDS = 0.5
 # How far past its bound a write may go before its database wait is shortened to fit.
 BOUND_TOLERANCE_SECONDS = 0.05
@@ -41,8 +42,18 @@ class Accepted:
     duplicate: bool
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A record ready to commit, with its markdown file already rendered by its caller
+    (``data``), or the existing file it adopts (``adopt``: a fallback or legacy file)."""
+
+    record: Record
+    data: bytes | None
+    adopt: str | None = None
+
+
 class Writer:
-    """Commits records and writes their mirrors under the mirror lock.
+    """Commits records and hands their mirrors to the mirror writer, under the mirror lock.
 
     Concurrent callers in one process share a transaction (group commit): while one
     transaction commits, the callers that arrive queue up, and the next one to lead commits
@@ -63,7 +74,7 @@ class Writer:
         self.sinks = tuple(sinks)
         self.origin = origin
         self.busy_timeout = busy_timeout
-        self.queue: GroupCommit[Accepted] = GroupCommit(self._transact_group)
+        self.queue: GroupCommit[Prepared, Accepted] = GroupCommit(self._transact)
         self._connection: Connection | None = None
 
     # -- the transaction ------------------------------------------------------------------
@@ -76,78 +87,127 @@ class Writer:
         ``adopt`` names an existing markdown file (a fallback or legacy file) that becomes
         the record's mirror instead of a new one.
         """
-        name = adopt or markdown_filename(record.timestamp, record.slug)
-        exists, taken = self.storage.records.lookup(conn, record.key, name)
-        if exists:
-            existing = self.storage.records.get_record(record.key, conn)
-            assert existing is not None
-            return Accepted(existing.record, None, existing.markdown_name, True)
-        if not adopt and (taken or self.mirrors.taken_on_disk(name, record.key)):
-            # Never overwrite another key's file: the record's name gets -<key8>.
-            name = markdown_filename(record.timestamp, record.slug, collision_key=record.key)
-        seq = self.storage.records.insert_record(
-            conn, record, sinks=self.sinks, markdown_name=name, origin=self.origin, now=now
+        (accepted,) = self.insert_group(conn, [Prepared(record, None, adopt)], now)
+        return accepted
+
+    def insert_group(
+        self, conn: Connection, items: Sequence[Prepared], now: float
+    ) -> list[Accepted]:
+        """Insert a group inside ``conn``'s transaction with one lookup and one statement
+        per table; one Accepted per item, in order. A key already stored, or earlier in the
+        group, writes nothing and comes back as a duplicate."""
+        names = [
+            item.adopt or markdown_filename(item.record.timestamp, item.record.slug)
+            for item in items
+        ]
+        stored, owners = self.storage.records.lookup_many(
+            conn, [item.record.key for item in items], names
         )
-        if seq is None:  # lost a race with a writer that does not hold our mirror lock
-            existing = self.storage.records.get_record(record.key, conn)
-            assert existing is not None
-            return Accepted(existing.record, None, existing.markdown_name, True)
-        return Accepted(record, seq, name, False)
+        slots: list[Accepted | None] = []
+        first: dict[str, int] = {}  # key -> the position of its first, written occurrence
+        fresh: list[tuple[int, Record, str]] = []
+        for position, (item, name) in enumerate(zip(items, names, strict=True)):
+            record = item.record
+            if record.key in stored or record.key in first:
+                slots.append(None)
+                continue
+            if not item.adopt and (
+                owners.get(name, record.key) != record.key
+                or self.mirrors.taken_on_disk(name, record.key)
+            ):
+                # Never overwrite another key's file: the record's name gets -<key8>.
+                name = markdown_filename(record.timestamp, record.slug, collision_key=record.key)
+            owners[name] = record.key
+            first[record.key] = position
+            fresh.append((position, record, name))
+            slots.append(None)
+        seqs = self.storage.records.insert_records(
+            conn,
+            [(record, name) for _, record, name in fresh],
+            sinks=self.sinks,
+            origin=self.origin,
+            now=now,
+        )
+        for (position, record, name), seq in zip(fresh, seqs, strict=True):
+            if seq is not None:
+                slots[position] = Accepted(record, seq, name, False)
+        return [
+            slot or self._duplicate(conn, item.record.key, slots, first)
+            for item, slot in zip(items, slots, strict=True)
+        ]
+
+    def _duplicate(
+        self, conn: Connection, key: str, slots: list[Accepted | None], first: dict[str, int]
+    ) -> Accepted:
+        """A key written before (or by a writer that does not hold our mirror lock, racing
+        this one) or earlier in this group: what is stored, marked duplicate."""
+        earlier = slots[first[key]] if key in first else None
+        if earlier is not None:
+            return replace(earlier, seq=None, duplicate=True)
+        existing = self.storage.records.get_record(key, conn)
+        assert existing is not None
+        return Accepted(existing.record, None, existing.markdown_name, True)
 
     def commit(
         self, records: Sequence[Record], adopted: dict[str, str] | None = None
     ) -> list[Accepted]:
-        """Commit ``records`` in one transaction, then write their mirrors; returns one
-        Accepted per record, in order.
+        """Commit ``records`` in one transaction; returns one Accepted per record, in order.
+        Their mirrors follow on the mirror writer's thread.
 
         ``adopted`` maps keys to existing markdown files that become their mirrors (replay);
-        such a call commits alone. Otherwise the records may share a transaction with other
-        threads' records: all of them commit, or none (each caller then falls back).
+        such a call commits alone and returns once the mirrors are written. Otherwise the
+        records may share a transaction with other threads' records: all of them commit, or
+        none (each caller then falls back). Each caller renders its own files first, so the
+        leader of a group does not render for everyone.
         """
         deadline = time.monotonic() + self.busy_timeout + WRITE_MARGIN_SECONDS
         if adopted:
-            return self._transact(records, adopted, deadline)
-        return self.queue.submit(records, deadline)
+            items = [
+                Prepared(record, None, adopted[record.key])
+                if record.key in adopted
+                else Prepared(record, self.mirrors.render_new(record))
+                for record in records
+            ]
+            accepted = self._transact(items, deadline)
+            self.mirrors.flush()  # replay stamps its files and reports them as imported
+            return accepted
+        items = [Prepared(record, self.mirrors.render_new(record)) for record in records]
+        return self.queue.submit(items, deadline)
 
-    def _transact_group(self, records: Sequence[Record], deadline: float) -> list[Accepted]:
-        return self._transact(records, {}, deadline)
-
-    def _transact(
-        self, records: Sequence[Record], adopted: dict[str, str], deadline: float
-    ) -> list[Accepted]:
-        """The transaction and the mirrors, all under the mirror lock; on PostgreSQL cut off
-        at ``deadline`` if the server stops answering (``store/bounded.py``)."""
+    def _transact(self, items: Sequence[Prepared], deadline: float) -> list[Accepted]:
+        """The transaction under the mirror lock; on PostgreSQL cut off at ``deadline`` if
+        the server stops answering (``store/bounded.py``)."""
         if self.storage.dialect == "sqlite":
-            return self._transact_here(records, adopted, deadline)
+            return self._transact_here(items, deadline)
         return call_within(
             # A group that queued to the edge of its bound still gets a moment to commit.
             max(deadline - time.monotonic(), BOUND_TOLERANCE_SECONDS),
-            lambda: self._transact_here(records, adopted, deadline),
+            lambda: self._transact_here(items, deadline),
             "write",
         )
 
-    def _transact_here(
-        self, records: Sequence[Record], adopted: dict[str, str], deadline: float
-    ) -> list[Accepted]:
-        with self.mirrors.hold(deadline):
+    def _transact_here(self, items: Sequence[Prepared], deadline: float) -> list[Accepted]:
+        """Commit, then queue the new records' mirrors while the lock is still held: the
+        lock keeps them from any other process until the mirror writer has written them."""
+        with self.mirrors.hold(deadline, exclusive=False):
             now = time.time()
             with self._transaction(deadline) as conn:
-                accepted = [
-                    self.insert(conn, record, now, adopted.get(record.key)) for record in records
-                ]
+                accepted = self.insert_group(conn, items, now)
                 notify(conn)
-            mirrored = iter(
-                self.write_mirrors(
-                    [item for item in accepted if not item.duplicate],
-                    skip_markdown=set(adopted),
-                )
+            self.mirrors.defer(
+                [
+                    NewMirror(done.record, done.seq or 0, done.markdown_name, item.data)
+                    for done, item in zip(accepted, items, strict=True)
+                    if not done.duplicate
+                ],
+                deadline,
             )
-        return [item if item.duplicate else next(mirrored) for item in accepted]
+        return accepted
 
     @contextlib.contextmanager
     def _transaction(self, deadline: float) -> Iterator[Connection]:
         """A transaction whose wait for the database lock ends by ``deadline`` (less the
-        margin for statements and mirrors), whatever waiting for the mirror lock used.
+        margin for statements), whatever waiting for the mirror lock used.
 
         SQLite runs it on the writer's own connection, kept between writes, which saves a pool
         checkout and return per write. Only the thread holding the mirror lock uses
@@ -180,59 +240,16 @@ class Writer:
             self.close()
             raise
 
+    def wait_mirrored(self, timeout: float | None = None) -> bool:
+        """Wait until every record committed so far has its JSONL line and markdown file."""
+        return self.mirrors.flush(timeout)
+
     def close(self) -> None:
         """Give the writer's connection back (before the engine is disposed)."""
         if self._connection is not None:
             with contextlib.suppress(Exception):
                 self._connection.close()
             self._connection = None
-
-    # -- mirrors --------------------------------------------------------------------------
-
-    def write_mirrors(
-        self, accepted: Sequence[Accepted], skip_markdown: set[str] | None = None
-    ) -> list[Accepted]:
-        """Create markdown files, then append accepted lines; returns ``accepted`` with the
-        file names as finally written. A failure here loses nothing: the database holds
-        the record and repair rewrites the mirror."""
-        final: list[Accepted] = []
-        try:
-            for item in accepted:
-                if not (skip_markdown and item.record.key in skip_markdown):
-                    item = self._create_markdown(item)
-                final.append(item)
-        except OSError as exc:
-            log.warning("markdown mirror write failed (%s); repair will restore it", exc.strerror)
-        final.extend(accepted[len(final) :])
-        try:
-            self.mirrors.append_accepted(
-                [(item.record, item.seq or 0, item.markdown_name) for item in final]
-            )
-        except OSError as exc:
-            log.warning("JSONL mirror append failed (%s); repair will restore it", exc.strerror)
-        return final
-
-    def _create_markdown(self, item: Accepted) -> Accepted:
-        """Create the record's file. If another key's file took the name after the
-        transaction chose it (a fallback file written meanwhile, outside the mirror lock),
-        move the record to its ``-<key8>`` name rather than leave it without a file."""
-        data = self.mirrors.render_new(item.record)
-        if self.mirrors.create_file(item.markdown_name, data):
-            return item
-        owner = self.mirrors.owner_of(item.markdown_name)
-        if owner in (item.record.key, ""):  # already ours, or unreadable: repair's to judge
-            return item
-        record = item.record
-        name = markdown_filename(record.timestamp, record.slug, collision_key=record.key)
-        try:
-            deadline = time.monotonic() + self.busy_timeout + WRITE_MARGIN_SECONDS
-            with self._transaction(deadline) as conn:
-                self.storage.records.rename_markdown(conn, record.key, name)
-        except Exception as exc:  # the record stands; verify will name the file
-            log.warning("could not move a record off a taken file name (%s)", type(exc).__name__)
-            return item
-        self.mirrors.create_file(name, data)
-        return replace(item, markdown_name=name)
 
     # -- receipts -------------------------------------------------------------------------
 

@@ -105,6 +105,7 @@ def test_writers_arriving_during_a_commit_share_the_next_transaction(ob: Outbox)
     assert not any(r.duplicate for r in receipts)
     stored = {row.record.key: row.record.content for row in ob.storage.records.iter_records()}
     assert stored == {r.key: text for r, text in zip(receipts, texts, strict=True)}
+    assert ob.wait_mirrored(10)  # the receipts promise the commit; the files follow
     lines = [json.loads(line) for line in ob.settings.jsonl_path.read_text().splitlines()]
     assert sorted(line["key"] for line in lines) == sorted(r.key for r in receipts)
     for receipt, text in zip(receipts, texts, strict=True):
@@ -124,6 +125,7 @@ def test_the_same_record_twice_in_one_group_is_one_record(ob: Outbox) -> None:
     assert sorted(r.duplicate for r in twins) == [False, True, True]
     assert {r.markdown_path for r in twins} == {twins[0].markdown_path}
     assert ob.storage.records.count_records() == 2
+    assert ob.wait_mirrored(10)
     assert len(list(ob.markdown_dir.glob("*.md"))) == 2
     assert ob.verify().ok
 
@@ -203,7 +205,7 @@ def test_a_caller_interrupted_after_being_handed_the_lead_hands_it_on(ob: Outbox
 
     def wait_then_interrupt(ticket: Any) -> None:
         original(ticket)
-        if ticket.records[0].content.startswith("interrupted") and ticket.lead:
+        if ticket.items[0].record.content.startswith("interrupted") and ticket.lead:
             raise KeyboardInterrupt
 
     ob.writer.queue.wait_turn = wait_then_interrupt  # type: ignore[method-assign]
@@ -234,7 +236,9 @@ def test_a_caller_interrupted_after_being_handed_the_lead_hands_it_on(ob: Outbox
 
 def test_a_name_taken_by_a_fallback_file_during_the_commit_moves_the_record(ob: Outbox) -> None:
     """A fallback writer (outside the mirror lock) may create the very name the transaction
-    chose; the committed record then gets its -<key8> name, in the database and on disk."""
+    chose before the mirror writer creates the file; the committed record then gets its
+    -<key8> name, in the database and on disk (its receipt, issued at the commit, named the
+    file it was to have)."""
     content = "the name of this memory is taken while it commits"
     foreign = b"---\nkey: someone-else\n---\nanother memory\n"
     record = build_record(content, timestamp=TS)
@@ -251,11 +255,12 @@ def test_a_name_taken_by_a_fallback_file_during_the_commit_moves_the_record(ob: 
         event.remove(ob.storage.engine, "commit", create_foreign_file)
 
     assert receipt.status == ReceiptStatus.QUEUED
+    assert ob.wait_mirrored(10)
     assert chosen.read_bytes() == foreign  # the other key's file is left alone
-    assert receipt.markdown_path != chosen
-    assert receipt.markdown_path.name.endswith(f"-{receipt.key[:8]}.md")
-    assert receipt.markdown_path.read_bytes().endswith(content.encode())
-    stored = ob.storage.records.get_record(receipt.key)
-    assert stored is not None and stored.markdown_name == receipt.markdown_path.name
+    moved = ob.markdown_path(receipt.key)
+    assert moved is not None and moved != chosen
+    assert moved.name.endswith(f"-{receipt.key[:8]}.md")
+    assert moved.read_bytes().endswith(content.encode())
     (line,) = [json.loads(raw) for raw in ob.settings.jsonl_path.read_text().splitlines()]
-    assert line["markdown"] == receipt.markdown_path.name
+    assert line["markdown"] == moved.name
+    assert ob.verify().ok

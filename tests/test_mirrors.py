@@ -71,6 +71,7 @@ AWKWARD = {
 def test_body_is_the_content_byte_for_byte(outbox: Outbox, content: str) -> None:
     receipt = outbox.add(content, timestamp=TS, tags=["decision"])
     assert receipt.markdown_path is not None
+    assert outbox.wait_mirrored(10)  # a receipt promises the commit; the file follows
     data = receipt.markdown_path.read_bytes()
     matter, body = split_file(data)
     assert body == content.encode("utf-8")
@@ -86,6 +87,7 @@ def test_front_matter_is_the_contracts(outbox: Outbox) -> None:
         timestamp="2026-11-29T09:00:00+01:00",
     )
     assert receipt.markdown_path is not None
+    assert outbox.wait_mirrored(10)
     matter_bytes, _ = split_file(receipt.markdown_path.read_bytes())
     text = matter_bytes.decode("utf-8")
     lines = text.splitlines()
@@ -117,6 +119,7 @@ def test_intended_brain_store_is_true_with_a_brainlayer_sink(tmp_path: Path) -> 
     with Outbox.open(settings) as ob:
         receipt = ob.add("a memory meant for BrainLayer", timestamp=TS)
         assert receipt.markdown_path is not None
+        assert ob.wait_mirrored(10)
         matter, _ = split_file(receipt.markdown_path.read_bytes())
         loaded = yaml.safe_load(matter)
         assert loaded["intended_brain_store"] is True
@@ -153,6 +156,7 @@ def test_written_file_loads_and_keeps_the_body(
     with Outbox.open(settings) as ob:
         receipt = ob.add(content, tags=tags, timestamp=TS)
         assert receipt.markdown_path is not None
+        assert ob.wait_mirrored(10)
         matter, body = split_file(receipt.markdown_path.read_bytes())
         assert body == content.encode("utf-8")
         loaded = yaml.safe_load(matter)
@@ -235,6 +239,7 @@ def test_jsonl_has_one_accepted_object_per_record_in_a_hash_chain(outbox: Outbox
         *outbox.add_many(["second memory", {"content": "third memory", "tags": ["b", "c"]}]),
     ]
     outbox.add("first memory 🙂", timestamp=TS)  # a duplicate adds no line
+    assert outbox.wait_mirrored(10)
     raw = outbox.settings.jsonl_path.read_bytes()
     assert raw.endswith(b"\n")
     lines = raw.split(b"\n")[:-1]
@@ -255,6 +260,7 @@ def test_jsonl_has_one_accepted_object_per_record_in_a_hash_chain(outbox: Outbox
 def test_verify_notices_an_edited_line(outbox: Outbox) -> None:
     outbox.add("the original words", timestamp=TS)
     outbox.add("a second memory", timestamp=TS)
+    assert outbox.wait_mirrored(10)
     path = outbox.settings.jsonl_path
     path.write_bytes(path.read_bytes().replace(b"original words", b"forged words!!"))
     report = outbox.verify()
@@ -286,6 +292,7 @@ def test_repair_restores_every_mirror_exactly_once(
         receipts = [
             ob.add(f"memory number {n} for the repair test", timestamp=TS) for n in range(5)
         ]
+        assert ob.wait_mirrored(10)
         files_before = file_state(ob)
         log_before = settings.jsonl_path.read_bytes()
     if reopened_before_damage:  # the watermark now points at the end of the intact log
@@ -408,6 +415,7 @@ def test_two_threads_writing_one_name_atomically_never_share_a_temp_file(tmp_pat
 def test_delivery_state_is_never_written_into_another_keys_file(outbox: Outbox) -> None:
     receipt = outbox.add("a memory whose file another record's file replaced")
     assert receipt.markdown_path is not None
+    assert outbox.wait_mirrored(10)
     foreign = b"---\nkey: another-key\nintended_brain_store: true\n---\nsomeone else\n"
     receipt.markdown_path.write_bytes(foreign)
     outbox.drain(timeout=30)

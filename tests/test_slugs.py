@@ -181,6 +181,7 @@ def test_hyphen_at_the_cut_is_stripped() -> None:
 def test_a_hostile_slug_never_leaves_the_markdown_folder(outbox: Outbox, supplied: str) -> None:
     receipt = outbox.add(f"memory written with slug {supplied!r}", slug=supplied)
     assert receipt.markdown_path is not None
+    assert outbox.wait_mirrored(10)  # the receipt promises the commit; the file follows
     path = Path(receipt.markdown_path)
     assert path.parent.resolve() == outbox.markdown_dir.resolve()
     assert path.is_file()

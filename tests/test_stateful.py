@@ -121,6 +121,9 @@ class OutboxLife(RuleBasedStateMachine):
         key = contract_key(content, stamp)
         in_db = key in self._db_keys()
         receipt = ob.add(content, timestamp=stamp)
+        # The files follow the commit on the mirror writer's thread; the invariants read
+        # them, and a crash here means a killed process, whose thread would be gone too.
+        assert ob.wait_mirrored(10)
         assert receipt.key == key
         assert receipt.duplicate == in_db  # a key only in a fallback file is not in the outbox
         delivered = receipt.key in self._delivered_keys()

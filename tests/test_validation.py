@@ -54,6 +54,7 @@ def strict(tmp_path: Path) -> Iterator[Outbox]:
     )
     ob = Outbox.open(settings)
     ob.add("the one record that was here before")
+    assert ob.wait_mirrored(10)  # its files follow the commit; the snapshots must see them
     yield ob
     ob.close()
 

@@ -24,12 +24,14 @@ TS = "2026-11-29T08:00:00.000000Z"
 
 
 def accepted_lines(ob: Outbox) -> list[dict[str, object]]:
+    assert ob.wait_mirrored(10)  # a receipt promises the commit; the mirrors follow it
     return [
         line.event for line in ob.mirrors.jsonl.lines() if line.event.get("event") == "accepted"
     ]
 
 
 def markdown_files(ob: Outbox) -> list[Path]:
+    assert ob.wait_mirrored(10)
     return sorted(ob.markdown_dir.glob("*.md")) if ob.markdown_dir.exists() else []
 
 
@@ -240,6 +242,7 @@ def test_same_slug_same_day_never_overwrites(outbox: Outbox) -> None:
     assert first.markdown_path is not None and second.markdown_path is not None
     assert first.markdown_path.name == "2026-11-29-daily-decision.md"
     assert second.markdown_path.name == f"2026-11-29-daily-decision-{second.key[:8]}.md"
+    assert outbox.wait_mirrored(10)
     assert first.markdown_path.read_bytes().endswith(b"---\nfirst decision of the day")
     assert second.markdown_path.read_bytes().endswith(b"---\nsecond decision of the day")
     # Repeating either one writes no third file.
@@ -304,10 +307,12 @@ def test_enqueue_commits_and_rolls_back_with_the_callers_transaction(outbox: Out
 
 def test_a_markdown_folder_removed_between_writes_is_made_again(outbox: Outbox) -> None:
     first = outbox.add("written before the folder goes away")
+    assert outbox.wait_mirrored(10)
     for path in outbox.markdown_dir.iterdir():
         path.unlink()
     outbox.markdown_dir.rmdir()
     second = outbox.add("written after the folder went away")
+    assert outbox.wait_mirrored(10)
     assert second.markdown_path.read_bytes().endswith(b"written after the folder went away")
     assert not first.markdown_path.exists()  # gone with the folder; repair brings it back
     outbox.sync_mirrors(full=True)

@@ -1,8 +1,9 @@
 """``Mirrors``: one machine's audit copies of its records, behind one object.
 
-The lock, the JSONL log, the markdown folder, repair and verify are built once and handed to
-the writer, the dispatcher and the replayer, so each uses the same files under the same lock
-and none of them needs the façade.
+The lock, the JSONL log, the markdown folder, the mirror writer, repair and verify are built
+once and handed to the writer, the dispatcher and the replayer, so each uses the same files
+under the same lock and none of them needs the façade. A new record's mirrors are written by
+the mirror writer's thread (``defer``), off the committing caller's clock.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,13 +22,26 @@ from outbox.mirror.jsonl import JsonlLog, accepted_event
 from outbox.mirror.lock import MirrorLock
 from outbox.mirror.repair import MirrorSync, RepairReport
 from outbox.mirror.verify import VerifyReport, verify
+from outbox.mirror.writer import MirrorWriter
 from outbox.record import Record
+from outbox.slugs import markdown_filename
 
 if TYPE_CHECKING:
     from outbox.config import Settings
     from outbox.store.storage import Storage
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class NewMirror:
+    """A committed record's mirrors to write: its ``accepted`` line and, unless it adopted
+    an existing file (``data`` None), its markdown file, rendered by the caller."""
+
+    record: Record
+    seq: int
+    markdown_name: str
+    data: bytes | None
 
 
 class Mirrors:
@@ -50,6 +65,7 @@ class Mirrors:
         self._sync = MirrorSync(storage, self.jsonl, markdown_dir, mirror_id)
         self._folder = str(markdown_dir)
         self._folder_ready = False  # made once; a folder removed later is made again
+        self.writer: MirrorWriter[NewMirror] = MirrorWriter(self.lock, self._write_new)
 
     @classmethod
     def from_settings(cls, storage: Storage, settings: Settings) -> Mirrors:
@@ -70,12 +86,21 @@ class Mirrors:
         except Exception as exc:  # this process's own repair still sees the cut
             log.warning("could not reset the mirror watermark (%s)", exc.__class__.__name__)
 
-    def hold(self, deadline: float | None = None) -> contextlib.AbstractContextManager[None]:
+    def hold(
+        self, deadline: float | None = None, *, exclusive: bool = True
+    ) -> contextlib.AbstractContextManager[None]:
         """The mirror lock: whoever holds it sees every committed record either mirrored or
-        left behind by a writer that died, so repair never races a live writer."""
-        return self.lock.hold(deadline)
+        left behind by a writer that died, so repair never races a live writer. Only a
+        committing writer passes ``exclusive=False``: it does not wait for the mirror
+        writes this process still has queued."""
+        return self.lock.hold(deadline, exclusive=exclusive)
 
-    # -- a new record's files (the writer calls these under the lock, after its commit) ----
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every record this process committed has its line and file (False if
+        ``timeout`` passed first). Holding the lock (``hold``) implies it."""
+        return self.writer.flush(timeout)
+
+    # -- a new record's files --------------------------------------------------------------
 
     def path(self, name: str) -> Path:
         return self.markdown_dir / name
@@ -97,6 +122,50 @@ class Mirrors:
 
     def render_new(self, record: Record) -> bytes:
         return markdown.render(matter.initial(record, self.sinks), record.content)
+
+    def defer(self, items: Sequence[NewMirror], deadline: float | None = None) -> None:
+        """Queue committed records' mirrors for the mirror writer, in commit order (call
+        under the lock, right after the commit: the lock stays with them until written)."""
+        self.writer.submit(items, deadline)
+
+    def _write_new(self, items: Sequence[NewMirror]) -> None:
+        """The mirror writer's work: create the files, then append the ``accepted`` lines
+        in one write. A failure here loses nothing: the database holds the records and
+        repair rewrites their mirrors."""
+        names: list[str] = []
+        try:
+            for item in items:
+                names.append(item.markdown_name if item.data is None else self._create(item))
+        except OSError as exc:
+            log.warning("markdown mirror write failed (%s); repair will restore it", exc.strerror)
+        names += [item.markdown_name for item in items[len(names) :]]
+        try:
+            self.append_accepted(
+                [(item.record, item.seq, name) for item, name in zip(items, names, strict=True)]
+            )
+        except OSError as exc:
+            log.warning("JSONL mirror append failed (%s); repair will restore it", exc.strerror)
+
+    def _create(self, item: NewMirror) -> str:
+        """Create the record's file; returns its name. If another key's file took the name
+        after the commit chose it (a fallback file written meanwhile, outside the mirror
+        lock), move the record to its ``-<key8>`` name rather than leave it without a file."""
+        assert item.data is not None
+        if self.create_file(item.markdown_name, item.data):
+            return item.markdown_name
+        owner = self.owner_of(item.markdown_name)
+        if owner in (item.record.key, ""):  # already ours, or unreadable: repair's to judge
+            return item.markdown_name
+        record = item.record
+        name = markdown_filename(record.timestamp, record.slug, collision_key=record.key)
+        try:
+            with self.storage.engine.begin() as conn:
+                self.storage.records.rename_markdown(conn, record.key, name)
+        except Exception as exc:  # the record stands; verify will name the file
+            log.warning("could not move a record off a taken file name (%s)", type(exc).__name__)
+            return item.markdown_name
+        self.create_file(name, item.data)
+        return name
 
     def create_file(self, name: str, data: bytes) -> bool:
         """Create a record's file 0600 unless the name exists; returns whether it did."""
@@ -136,5 +205,7 @@ class Mirrors:
             return verify(self.storage, self.jsonl, self.markdown_dir, self.mirror_id)
 
     def close(self) -> None:
+        """Write what the mirror writer still holds, then let go of the files."""
+        self.writer.close()
         self.lock.close()
         self.jsonl.close()

@@ -128,14 +128,18 @@ def _delivery_row(key: str, sink: str, now: float) -> dict[str, Any]:
 
 
 class _RecordWriter(Protocol):
-    """The write path's two statements, per database."""
+    """The write path's statements, per database, for a whole group of records at once:
+    the group commit's leader pays one statement per table, not one per record."""
 
-    def lookup(self, conn: Connection, key: str, name: str) -> Sequence[Sequence[Any]]:
-        """(key, markdown name) of the records holding ``key`` or the name ``name``."""
+    def lookup(
+        self, conn: Connection, keys: Sequence[str], names: Sequence[str]
+    ) -> Sequence[Sequence[Any]]:
+        """(key, markdown name) of the records holding any of ``keys`` or ``names``."""
         ...
 
-    def insert(self, conn: Connection, rows: NewRows) -> int | None:
-        """Write ``rows``; the new ``seq``, or None when the key exists (nothing written)."""
+    def insert(self, conn: Connection, rows: Sequence[NewRows]) -> dict[str, int]:
+        """Write each record's rows (keys distinct); the new ``seq`` of each record written,
+        by key. A key that exists already is left out: nothing is written for it."""
         ...
 
 
@@ -165,50 +169,85 @@ def _driver_cursor(conn: Connection) -> Any:
 
 
 class _SqliteWriter:
-    """Compiled statements on the raw driver connection, and the FTS5 row recall reads."""
+    """Compiled statements on the raw driver connection, and the FTS5 row recall reads.
+
+    A group's records go in as one multi-row ``INSERT ... RETURNING`` (the compiled
+    statement's row repeated) and the other tables' rows as one ``executemany`` each.
+    """
 
     _FTS = "INSERT INTO records_fts(rowid, content) VALUES (?, ?)"
+    _LOOKUP = (
+        'SELECT "key", markdown_name FROM records WHERE "key" IN ({}) OR markdown_name IN ({})'
+    )
 
     def __init__(self, dialect: Dialect) -> None:
-        self._lookup = _Compiled(
-            select(records.c.key, records.c.markdown_name).where(
-                (records.c.key == bindparam("key")) | (records.c.markdown_name == bindparam("name"))
-            ),
-            dialect,
-        )
         self._record = _Compiled(
             sqlite.insert(records)
             .values(_binds(records, ("seq",)))
             .on_conflict_do_nothing(index_elements=["key"])
-            .returning(records.c.seq),
+            .returning(records.c.key, records.c.seq),
             dialect,
         )
+        head, _, tail = self._record.sql.partition(" VALUES ")
+        row, _, rest = tail.partition(")")
+        self._record_parts = (f"{head} VALUES ", f"{row})", rest)
         self._node = _Compiled(graph_nodes.insert().values(_binds(graph_nodes)), dialect)
         self._edge = _Compiled(graph_edges.insert().values(_binds(graph_edges, ("id",))), dialect)
         self._delivery = _Compiled(deliveries.insert().values(_binds(deliveries, ("id",))), dialect)
 
-    def lookup(self, conn: Connection, key: str, name: str) -> Sequence[Sequence[Any]]:
-        args = self._lookup.args({"key": key, "name": name})
-        rows: list[Sequence[Any]] = _driver_cursor(conn).execute(self._lookup.sql, args).fetchall()
-        return rows
-
-    def insert(self, conn: Connection, rows: NewRows) -> int | None:
+    def lookup(
+        self, conn: Connection, keys: Sequence[str], names: Sequence[str]
+    ) -> Sequence[Sequence[Any]]:
         cursor = _driver_cursor(conn)
-        meta = rows.record["meta"]
-        record = dict(rows.record, tags=json.dumps(rows.record["tags"]), meta=_json(meta))
-        found = cursor.execute(self._record.sql, self._record.args(record)).fetchone()
-        if found is None:
-            return None
-        seq = int(found[0])
-        cursor.execute(self._FTS, (seq, rows.record["content"]))
-        node = dict(rows.node, properties=json.dumps(rows.node["properties"]))
-        cursor.execute(self._node.sql, self._node.args(node))
-        edge = dict(rows.edge, properties=_json(rows.edge["properties"]))
-        cursor.execute(self._edge.sql, self._edge.args(edge))
-        if rows.deliveries:
-            delivery = self._delivery
-            cursor.executemany(delivery.sql, [delivery.args(row) for row in rows.deliveries])
-        return seq
+        found: list[Sequence[Any]] = []
+        for start in range(0, len(keys), _CHUNK):
+            some_keys, some_names = keys[start : start + _CHUNK], names[start : start + _CHUNK]
+            sql = self._LOOKUP.format(_marks(len(some_keys)), _marks(len(some_names)))
+            found += cursor.execute(sql, [*some_keys, *some_names]).fetchall()
+        return found
+
+    def insert(self, conn: Connection, rows: Sequence[NewRows]) -> dict[str, int]:
+        cursor = _driver_cursor(conn)
+        head, row, rest = self._record_parts
+        seqs: dict[str, int] = {}
+        for start in range(0, len(rows), _CHUNK):
+            chunk = rows[start : start + _CHUNK]
+            args = [arg for item in chunk for arg in self._record.args(_record_columns(item))]
+            sql = head + ", ".join([row] * len(chunk)) + rest
+            seqs.update((str(key), int(seq)) for key, seq in cursor.execute(sql, args).fetchall())
+        written = [item for item in rows if item.record["key"] in seqs]
+        cursor.executemany(
+            self._FTS, [(seqs[item.record["key"]], item.record["content"]) for item in written]
+        )
+        node, edge, delivery = self._node, self._edge, self._delivery
+        cursor.executemany(
+            node.sql,
+            [
+                node.args(dict(item.node, properties=json.dumps(item.node["properties"])))
+                for item in written
+            ],
+        )
+        cursor.executemany(
+            edge.sql,
+            [
+                edge.args(dict(item.edge, properties=_json(item.edge["properties"])))
+                for item in written
+            ],
+        )
+        cursor.executemany(
+            delivery.sql, [delivery.args(one) for item in written for one in item.deliveries]
+        )
+        return seqs
+
+
+def _marks(count: int) -> str:
+    return ", ".join(["?"] * count)
+
+
+def _record_columns(rows: NewRows) -> dict[str, Any]:
+    """The ``records`` row with its JSON columns encoded, as the raw driver takes them."""
+    record = rows.record
+    return dict(record, tags=json.dumps(record["tags"]), meta=_json(record["meta"]))
 
 
 def _json(value: dict[str, Any]) -> str:
@@ -218,27 +257,32 @@ def _json(value: dict[str, Any]) -> str:
 class _PostgresWriter:
     """Plain Core statements; the GIN expression index covers a record's text by itself."""
 
-    def lookup(self, conn: Connection, key: str, name: str) -> Sequence[Sequence[Any]]:
+    def lookup(
+        self, conn: Connection, keys: Sequence[str], names: Sequence[str]
+    ) -> Sequence[Sequence[Any]]:
         return conn.execute(
             select(records.c.key, records.c.markdown_name).where(
-                (records.c.key == key) | (records.c.markdown_name == name)
+                records.c.key.in_(list(keys)) | records.c.markdown_name.in_(list(names))
             )
         ).all()
 
-    def insert(self, conn: Connection, rows: NewRows) -> int | None:
-        seq = conn.execute(
+    def insert(self, conn: Connection, rows: Sequence[NewRows]) -> dict[str, int]:
+        found = conn.execute(
             postgresql.insert(records)
-            .values(**rows.record)
+            .values([item.record for item in rows])
             .on_conflict_do_nothing(index_elements=["key"])
-            .returning(records.c.seq)
-        ).scalar()
-        if seq is None:
-            return None
-        conn.execute(graph_nodes.insert(), rows.node)
-        conn.execute(graph_edges.insert(), rows.edge)
-        if rows.deliveries:
-            conn.execute(deliveries.insert(), rows.deliveries)
-        return int(seq)
+            .returning(records.c.key, records.c.seq)
+        ).all()
+        seqs = {str(key): int(seq) for key, seq in found}
+        written = [item for item in rows if item.record["key"] in seqs]
+        if written:
+            conn.execute(graph_nodes.insert(), [item.node for item in written])
+            conn.execute(graph_edges.insert(), [item.edge for item in written])
+            if any(item.deliveries for item in written):
+                conn.execute(
+                    deliveries.insert(), [one for item in written for one in item.deliveries]
+                )
+        return seqs
 
 
 class RecordStore:
@@ -257,10 +301,17 @@ class RecordStore:
 
     def lookup(self, conn: Connection, key: str, name: str) -> tuple[bool, bool]:
         """(the key exists, another key owns the markdown name): one query for both."""
-        found = self._writer.lookup(conn, key, name)
-        exists = any(row[0] == key for row in found)
-        taken = any(row[0] != key and row[1] == name for row in found)
-        return exists, taken
+        exists, owners = self.lookup_many(conn, [key], [name])
+        return key in exists, owners.get(name, key) != key
+
+    def lookup_many(
+        self, conn: Connection, keys: Sequence[str], names: Sequence[str]
+    ) -> tuple[set[str], dict[str, str]]:
+        """(those of ``keys`` that exist, the key owning each of ``names`` that is taken):
+        one query for a whole group of records."""
+        found = self._writer.lookup(conn, keys, names)
+        wanted = set(keys)
+        return {row[0] for row in found if row[0] in wanted}, {row[1]: row[0] for row in found}
 
     def insert_record(
         self,
@@ -276,8 +327,28 @@ class RecordStore:
 
         Returns the new ``seq``, or None when the key already exists (nothing is written).
         """
-        rows = new_rows(record, sinks=sinks, markdown_name=markdown_name, origin=origin, now=now)
-        return self._writer.insert(conn, rows)
+        (seq,) = self.insert_records(
+            conn, [(record, markdown_name)], sinks=sinks, origin=origin, now=now
+        )
+        return seq
+
+    def insert_records(
+        self,
+        conn: Connection,
+        named: Sequence[tuple[Record, str]],
+        *,
+        sinks: Sequence[str],
+        origin: str,
+        now: float,
+    ) -> list[int | None]:
+        """``insert_record`` for a group of (record, markdown name) with distinct keys, one
+        statement per table: each record's new ``seq``, or None where its key exists."""
+        rows = [
+            new_rows(record, sinks=sinks, markdown_name=name, origin=origin, now=now)
+            for record, name in named
+        ]
+        seqs = self._writer.insert(conn, rows)
+        return [seqs.get(record.key) for record, _ in named]
 
     def rename_markdown(self, conn: Connection, key: str, name: str) -> None:
         """Point a committed record at another markdown file name."""
