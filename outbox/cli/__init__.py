@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from outbox.cli import delivery, memory, records, reindex, status, writes
+from outbox.cli import delivery, memory, records, reindex, status, ui, writes
 from outbox.cli.common import (
     EXIT_FAILED,
     EXIT_INVALID,
@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     delivery.register_dead(command)
     records.register(command)
     reindex.register(command)
+    ui.register(command)
     return parser
 
 
