@@ -22,6 +22,7 @@ from outbox.config import Settings, load_settings
 from outbox.errors import StoreFailed
 from outbox.fallback import UNAVAILABLE, FallbackQueue, failure_reason
 from outbox.folders import ensure_private_dir
+from outbox.forgetting import ForgetReceipt, Forgetter
 from outbox.mirror.mirrors import Mirrors
 from outbox.mirror.repair import RepairReport
 from outbox.mirror.verify import VerifyReport
@@ -72,6 +73,7 @@ class Outbox:
         self.fallback = FallbackQueue(settings.markdown_dir, settings.sinks)
         self.dead = DeadLetters(self.storage, self.mirrors)
         self.catalog = Catalog(self.storage, self.mirrors, settings)
+        self.forgetter = Forgetter(self.storage, self.mirrors, self.catalog, settings, self._notify)
         self.last_repair: RepairReport | None = None
         self.last_import: ReplayReport | None = None
         self.unavailable: str | None = None
@@ -239,6 +241,7 @@ class Outbox:
         only those since the last repair."""
         self.import_fallback()
         self.last_repair = self.mirrors.repair(full=full)
+        self.forgetter.purge_if_due()  # a forget whose process died before its purge
         return self.last_repair
 
     def _replayer(self) -> Replayer:
@@ -279,7 +282,7 @@ class Outbox:
             self.storage,
             self.mirrors,
             self.settings,
-            chores=[self.import_fallback],
+            chores=[self.import_fallback, self.forgetter.purge_if_due],
             local_writes=self.add_listener,
             **options,
         )
@@ -295,6 +298,10 @@ class Outbox:
         from outbox.reindex import Reindexer
 
         return Reindexer(self.storage, self.settings, options.pop("batch", 256)).run(**options)
+
+    def forget(self, prefix: str) -> ForgetReceipt:
+        """Remove a record everywhere (``forgetting.py``); its database purge follows later."""
+        return self.forgetter.forget(prefix)
 
     def wait_delivered(self, key: str, sink: str | None = None, timeout: float = 30.0) -> Receipt:
         """Wait until ``key`` is delivered to ``sink`` (default: every sink), or time out.
@@ -316,6 +323,7 @@ class Outbox:
         return self.settings.markdown_dir
 
     def close(self) -> None:
+        self.forgetter.close()
         self.writer.close()
         self.mirrors.close()
         self.engine.dispose()

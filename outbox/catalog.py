@@ -47,8 +47,9 @@ class RecordView:
         del shown["event"]
         return {
             **shown,
+            "forgotten_at": self.record.forgotten_at,
             "sinks": self.sinks,
-            "markdown_path": str(self.markdown_path),
+            "markdown_path": str(self.markdown_path) if not self.record.forgotten else None,
             "jsonl_lines": self.jsonl_lines,
         }
 
@@ -127,7 +128,8 @@ class Catalog:
         return count
 
     def _records(self) -> Iterator[StoredRecord]:
-        return self.storage.records.iter_records()
+        """Every record still remembered: a forgotten one has nothing left to export."""
+        return (item for item in self.storage.records.iter_records() if not item.forgotten)
 
 
 # The accepted line's fields another tool needs: not the log's own (seq, files, sinks).

@@ -115,6 +115,21 @@ TOOLS: list[types.Tool] = [
         },
     ),
     types.Tool(
+        name="forget_memory",
+        description=(
+            "Remove a memory from the outbox, every sink and the markdown mirror, and redact it "
+            "in the JSONL log. Takes its key or a unique prefix."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "id": {"type": "string", "description": "the memory's key or a unique prefix"}
+            },
+            "required": ["id"],
+        },
+        annotations=types.ToolAnnotations(destructive_hint=True, idempotent_hint=True),
+    ),
+    types.Tool(
         name="outbox_status",
         description="Counts per sink and state, oldest pending age, dead letters.",
         input_schema={"type": "object", "properties": {}},
@@ -161,6 +176,7 @@ class ToolHandlers:
             "query_raw_memories": self.query_raw_memories,
             "brain_store": self.brain_store,
             "outbox_status": lambda _args: self.service.outbox.status(),
+            "forget_memory": self.forget_memory,
         }
 
     def add_memory(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -195,6 +211,13 @@ class ToolHandlers:
             until=_optional(args, "until"),
             min_relevance=None if relevance is None else float(relevance),
         )
+
+    def forget_memory(self, args: dict[str, Any]) -> dict[str, Any]:
+        _known_only("forget_memory", args)
+        key = args.get("id")
+        if not isinstance(key, str):
+            raise ValidationError("id", "must be a key or a unique prefix of one (hex text)")
+        return self.service.forget(key)
 
     def brain_store(self, args: dict[str, Any]) -> dict[str, Any]:
         """BrainLayer's ``brain_store``; its ``type`` (or ``memory_type``) reaches the sink."""

@@ -265,7 +265,11 @@ class MemoryService:
         ]
         scored = fuse(candidates(lexical.hits, admitted, coverage), FUSION)
         scored = self._with_context(scored, filters, weights, stored)
-        kept = [pair for pair in relevant(scored, floor, n_results) if pair[0].key in stored]
+        kept = [
+            pair
+            for pair in relevant(scored, floor, n_results)
+            if pair[0].key in stored and not stored[pair[0].key].forgotten
+        ]
         results = [_result_view(item, score, stored) for item, score in kept]
         answer: dict[str, Any] = {"query": query, "count": len(results), "results": results}
         answer["minRelevance"] = floor
@@ -309,6 +313,10 @@ class MemoryService:
             return [], degraded
         return list(zip(hits.ids, hits.distances, strict=False)), None
 
+    def forget(self, key: str) -> dict[str, Any]:
+        """Remove a memory everywhere, by its key or a unique prefix (``Outbox.forget``)."""
+        return self.outbox.forget(key).to_dict()
+
     def close(self) -> None:
         if self._vector is not None:
             self._vector.close()
@@ -319,6 +327,8 @@ def _admits(filters: RecallFilter, item: Any) -> bool:
     """A vector hit passes the filter by its stored record too: a document embedded before
     its metadata carried a key is never let through on the index's word alone."""
     record = item.record
+    if item.forgotten:  # still in the vector index until the dispatcher's delete lands
+        return False
     return filters.admits(record.timestamp, record.importance, record.tags, record.metadata)
 
 

@@ -19,11 +19,25 @@ class DeliveryState(StrEnum):
     DELIVERED = "delivered"
     DEAD = "dead"
     DISCARDED = "discarded"
+    # The record was forgotten and this sink no longer holds it (deleted, or never sent).
+    FORGOTTEN = "forgotten"
+
+
+class DeliveryOp(StrEnum):
+    """What a ``deliveries`` row asks of its sink: hold the record, or let go of it."""
+
+    DELIVER = "deliver"
+    DELETE = "delete"
 
 
 # Rows a dispatcher still has to deliver, and rows nobody will deliver again.
 UNDELIVERED = (DeliveryState.PENDING, DeliveryState.LEASED)
-SETTLED = (DeliveryState.DELIVERED, DeliveryState.DEAD, DeliveryState.DISCARDED)
+SETTLED = (
+    DeliveryState.DELIVERED,
+    DeliveryState.DEAD,
+    DeliveryState.DISCARDED,
+    DeliveryState.FORGOTTEN,
+)
 
 
 class ReceiptStatus(StrEnum):
@@ -69,6 +83,11 @@ class MirrorEvent(StrEnum):
     DELIVERED = "delivered"
     DEAD = "dead"
     DISCARDED = "discarded"
+    # A forget: the record's accepted line was redacted in place; this line keeps the hash
+    # the redacted line had, so the chain still proves nothing else changed.
+    FORGOTTEN = "forgotten"
+    # One sink deleted a forgotten record.
+    DELETED = "deleted"
 
 
 class BuiltinSink(StrEnum):

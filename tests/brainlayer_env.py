@@ -52,10 +52,11 @@ class BrainLayerEnv:
             conn.close()
 
     def rows_holding(self, content: str) -> int:
-        """How many active memories hold exactly this content (BrainLayer stores it stripped)."""
+        """How many active memories hold exactly this content (BrainLayer stores it stripped;
+        an archive sets ``archived_at``, which BrainLayer's own reads treat as gone)."""
         ((count,),) = self.query(
             "SELECT count(*) FROM chunks WHERE content = ? AND COALESCE(archived, 0) = 0"
-            " AND superseded_by IS NULL",
+            " AND archived_at IS NULL AND superseded_by IS NULL",
             (content.strip(),),
         )
         return int(count)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from outbox.cli import delivery, memory, records, reindex, status, ui, writes
+from outbox.cli import delivery, forget, memory, records, reindex, status, ui, writes
 from outbox.cli.common import (
     EXIT_FAILED,
     EXIT_INVALID,
@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     memory.register(command)
     delivery.register_dead(command)
     records.register(command)
+    forget.register(command)
     reindex.register(command)
     ui.register(command)
     return parser

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 from outbox.cli.common import EXIT_FAILED, EXIT_OK, AddCommand, emit, fail, open_outbox
@@ -31,12 +32,20 @@ def cmd_show(args: argparse.Namespace) -> int:
         f"key: {shown['key']}\ntimestamp: {shown['timestamp']}\n"
         f"importance: {shown['importance']}\ntags: {', '.join(shown['tags']) or '-'}\n"
         f"metadata: {shown['metadata'] or '-'}\nsinks:\n{sinks or '  (none)'}\n"
-        f"markdown: {shown['markdown_path']}\n"
+        f"markdown: {shown['markdown_path'] or '- (forgotten)'}\n"
         f"JSONL lines: {', '.join(map(str, shown['jsonl_lines'])) or '-'}\n"
-        f"---\n{shown['content']}"
+        + (
+            f"---\n{shown['content']}"
+            if shown["forgotten_at"] is None
+            else f"forgotten: {_utc(shown['forgotten_at'])} (content, tags and metadata removed)"
+        )
     )
     emit(args, shown, text)
     return EXIT_OK
+
+
+def _utc(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, tz=UTC).isoformat(timespec="seconds")
 
 
 def _progress(count: int) -> None:

@@ -10,14 +10,23 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from outbox.dispatch.classify import classify
 from outbox.record import Record
-from outbox.sinks.base import Delivered, NotDelivered, Outcome, Sink
+from outbox.sinks.base import (
+    Deleted,
+    DeleteOutcome,
+    Delivered,
+    Held,
+    NotDelivered,
+    Outcome,
+    Sink,
+)
 from outbox.sinks.registry import adopt, load_sink
+from outbox.states import DeliveryOp
 from outbox.store.deliveries import Claim
 
 if TYPE_CHECKING:
@@ -34,6 +43,7 @@ class SinkTimeout(TimeoutError):
 class SinkProgress:
     sink: str
     delivered: int = 0
+    deleted: int = 0
     retried: int = 0
     dead: int = 0
     batches: int = 0
@@ -57,13 +67,18 @@ class SinkWorker:
         return self._sink
 
     def _call(self, batch: Sequence[Record], claims: Sequence[Claim]) -> list[Outcome]:
-        """Run the sink with a hard timeout, renewing the lease while it works."""
+        """Deliver ``batch`` with a hard timeout, renewing the lease while it works."""
+        outcomes: list[Outcome] = self._timed(self.sink.deliver, batch, claims)
+        return outcomes
+
+    def _timed(self, call: Callable[[Any], list[Any]], arg: Any, claims: Sequence[Claim]) -> Any:
+        """Run one sink call with a hard timeout, renewing the lease while it works."""
         settings = self.dispatcher.settings
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix=f"outbox-sink-{self.name}"
             )
-        future = self._executor.submit(self.sink.deliver, batch)
+        future = self._executor.submit(call, arg)
         deadline = time.monotonic() + settings.sink_timeout
         renew_every = max(0.5, self.dispatcher.lease_seconds / 3.0)
         ids = [claim.delivery_id for claim in claims]
@@ -124,9 +139,28 @@ class SinkWorker:
         claims = d.storage.deliveries.claim(self.name, d.owner, d.batch_size, d.lease_seconds)
         if not claims:
             return 0
-        stored = d.storage.records.get_records(claim.key for claim in claims)
-        live = [claim for claim in claims if claim.key in stored]
-        batch = [stored[claim.key].record for claim in live]
+        deletes = [claim for claim in claims if claim.op == DeliveryOp.DELETE]
+        if deletes:
+            self._delete(deletes)
+        stored = d.storage.records.get_records(
+            claim.key for claim in claims if claim.op != DeliveryOp.DELETE
+        )
+        # A record forgotten since the claim is not sent: the forget took the row over.
+        live = [
+            claim
+            for claim in claims
+            if claim.op != DeliveryOp.DELETE
+            and claim.key in stored
+            and not stored[claim.key].forgotten
+        ]
+        if live:
+            self._deliver(live, [stored[claim.key].record for claim in live])
+        d.mirror_outcomes()
+        if d.on_progress:
+            d.on_progress(self.progress)
+        return len(claims)
+
+    def _deliver(self, live: list[Claim], batch: list[Record]) -> None:
         try:
             outcomes: list[Outcome] = self._call(batch, live)
             if len(outcomes) != len(batch):
@@ -136,20 +170,41 @@ class SinkWorker:
         except Exception as exc:  # the whole batch failed (transport, timeout, sink bug)
             outcomes = self._isolate(batch, live, exc)
         self._settle(live, outcomes)
-        d.mirror_outcomes()
-        if d.on_progress:
-            d.on_progress(self.progress)
-        return len(claims)
 
-    def _settle(self, claims: Sequence[Claim], outcomes: Sequence[Outcome]) -> None:
-        """Record each outcome: delivered with its id, retried later, or dead-lettered."""
+    def _delete(self, claims: list[Claim]) -> None:
+        """Carry out a forget's deletes: settled like deliveries, retried the same way."""
+        rows = self.dispatcher.storage.deliveries.deliveries_for(claim.key for claim in claims)
+        ids = {
+            row.key: row.sink_id
+            for group in rows.values()
+            for row in group
+            if row.sink == self.name
+        }
+        items = [Held(claim.key, ids.get(claim.key)) for claim in claims]
+        try:
+            outcomes: list[DeleteOutcome] = self._timed(self.sink.delete, items, claims)
+            if len(outcomes) != len(items):
+                raise RuntimeError(
+                    f"{self.name} returned {len(outcomes)} outcomes for {len(items)} deletes"
+                )
+        except Exception as exc:
+            outcomes = [exc] * len(items)
+        self._settle(claims, outcomes)
+
+    def _settle(self, claims: Sequence[Claim], outcomes: Sequence[Outcome | DeleteOutcome]) -> None:
+        """Record each outcome: delivered with its id (or deleted), retried later, or
+        dead-lettered."""
         d = self.dispatcher
         now = time.time()
         delivered: list[tuple[int, str]] = []
+        deleted: list[int] = []
         failed: list[tuple[int, str, str, float | None]] = []
         for claim, outcome in zip(claims, outcomes, strict=True):
             if isinstance(outcome, Delivered) and outcome.sink_id:
                 delivered.append((claim.delivery_id, str(outcome.sink_id)))
+                continue
+            if isinstance(outcome, Deleted):
+                deleted.append(claim.delivery_id)
                 continue
             if isinstance(outcome, Delivered):
                 outcome = NotDelivered("the sink returned no id")
@@ -166,7 +221,8 @@ class SinkWorker:
                 self.progress.retried += 1
             self.progress.last_error = failure.reason
             log.warning(
-                "delivery of %s to %s failed (%s)%s",
+                "%s of %s to %s failed (%s)%s",
+                "delete" if claim.op == DeliveryOp.DELETE else "delivery",
                 claim.key[:12],
                 self.name,
                 failure.reason,
@@ -180,8 +236,10 @@ class SinkWorker:
             now,
             # Only a vector index's deliveries let the lexical overlay drop their records.
             purge_search_index=self._sink is not None and self._sink.semantic,
+            deleted=deleted,
         )
         self.progress.delivered += len(delivered)
+        self.progress.deleted += len(deleted)
         self.progress.batches += 1
 
     def close(self) -> None:

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from outbox.folders import ensure_private_dir
 from outbox.mirror import markdown, matter
+from outbox.mirror.forget import Redactor
 from outbox.mirror.jsonl import JsonlLog, accepted_event
 from outbox.record import Record
-from outbox.states import DeliveryState, MirrorEvent
+from outbox.states import DeliveryOp, DeliveryState, MirrorEvent
 from outbox.store.deliveries import DeliveryRow
 from outbox.store.records import StoredRecord
 from outbox.store.storage import Storage
@@ -30,6 +31,7 @@ class RepairReport:
     lines_appended: int = 0
     files_written: int = 0
     front_matter_updated: int = 0
+    forgets_finished: int = 0
     problems: list[str] = field(default_factory=list)
 
 
@@ -66,19 +68,23 @@ _EVENTS = {
     DeliveryState.DELIVERED: MirrorEvent.DELIVERED,
     DeliveryState.DEAD: MirrorEvent.DEAD,
     DeliveryState.DISCARDED: MirrorEvent.DISCARDED,
+    DeliveryState.FORGOTTEN: MirrorEvent.DELETED,
 }
 
 
 def delivery_event(row: DeliveryRow) -> dict[str, object] | None:
-    """The JSONL line a settled delivery gets; None for a row still on its way."""
+    """The JSONL line a settled delivery (or a forget's delete) gets; None for a row still
+    on its way, and for a forgotten record's sink that was never sent it."""
     event = _EVENTS.get(DeliveryState(row.state))
-    if event is None:
+    if event is None or (event == MirrorEvent.DELETED and row.attempts == 0):
         return None
     line: dict[str, object] = {"event": event.value, "key": row.key, "sink": row.sink}
     if event == MirrorEvent.DELIVERED:
         line.update(sink_id=row.sink_id, attempts=row.attempts)
     elif event == MirrorEvent.DEAD:
         line.update(reason=row.error_class, attempts=row.attempts)
+        if row.op == DeliveryOp.DELETE:
+            line.update(op=DeliveryOp.DELETE.value)
     return line
 
 
@@ -127,6 +133,9 @@ class MirrorSync:
                 self._restore_events(batch, events, report)
             last_seq = batch[-1].seq
         self.sync_deliveries(events, report)
+        report.forgets_finished = Redactor(
+            self.storage, self.jsonl, self.markdown_dir, self.mirror_id
+        ).run()
         size, last_line = self.jsonl.end()
         if (last_seq, size, last_line) != (seq, offset, remembered):  # no write when idle
             self.storage.mirror_state.set_mirror_watermark(
@@ -157,6 +166,7 @@ class MirrorSync:
     ) -> None:
         """Append the accepted lines ``batch`` lacks, and write its missing or torn files
         (``full``: also restore a body edited since, from the database)."""
+        batch = [item for item in batch if not item.forgotten]  # the Redactor's to finish
         deliveries = self.storage.deliveries.deliveries_for(item.record.key for item in batch)
         missing = [item for item in batch if item.record.key not in accepted]
         if missing:
@@ -226,7 +236,7 @@ class MirrorSync:
         all_rows = self.storage.deliveries.deliveries_for(keys)
         for key in keys:
             item = stored.get(key)
-            if item is None:
+            if item is None or item.forgotten:  # a forgotten record has no file to update
                 continue
             path = self.markdown_dir / item.markdown_name
             record_rows = all_rows.get(key, [])

@@ -9,6 +9,7 @@ from typing import Any
 
 from outbox.keys import idempotency_key
 from outbox.mirror import markdown
+from outbox.mirror.forget import is_redacted
 from outbox.mirror.jsonl import JsonlLog
 from outbox.mirror.repair import delivery_event
 from outbox.states import SETTLED, DeliveryState, MirrorEvent
@@ -58,18 +59,26 @@ _ACCEPTED_FIELDS: dict[str, Callable[[StoredRecord], object]] = {
 
 @dataclass
 class _LogIndex:
-    """What the log says, by key: its accepted lines and its delivery events."""
+    """What the log says, by key: its accepted lines, its delivery events, its forgets."""
 
     accepted: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     events: set[tuple[str, str, str, object]] = field(default_factory=set)
+    # key -> (offset of the redacted accepted line, the hash it had before)
+    forgotten: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # Accepted lines whose content does not give their key: (line number, key, offset, line)
+    unmatched: list[tuple[int, str, int, dict[str, Any]]] = field(default_factory=list)
+    lines: int = 0
 
 
-def _read_log(jsonl: JsonlLog, report: VerifyReport) -> _LogIndex:
-    """Every line once: its chain (by ``verify_chain``), accepted lines whose content and
-    timestamp must give their key, and each delivery event with the id or reason it names."""
+_OUTCOMES = (MirrorEvent.DELIVERED, MirrorEvent.DEAD, MirrorEvent.DISCARDED, MirrorEvent.DELETED)
+
+
+def _read_log(jsonl: JsonlLog) -> _LogIndex:
+    """Every line once: accepted lines, each delivery event with the id or reason it names,
+    and the forgets, whose redacted lines are judged once the whole log is read."""
     index = _LogIndex()
     for number, line in enumerate(jsonl.lines(), start=1):
-        report.jsonl_lines += 1
+        index.lines = number
         event = line.event
         kind, key = event.get("event"), str(event.get("key"))
         if kind == MirrorEvent.ACCEPTED:
@@ -81,13 +90,27 @@ def _read_log(jsonl: JsonlLog, report: VerifyReport) -> _LogIndex:
                 and timestamp.isascii()
                 and idempotency_key(content, timestamp) == key
             ):
-                report.add(
-                    f"{jsonl.path}: line {number}: content or timestamp does not match its key"
-                )
-        elif kind in (MirrorEvent.DELIVERED, MirrorEvent.DEAD, MirrorEvent.DISCARDED):
+                index.unmatched.append((number, key, line.offset, event))
+        elif kind in _OUTCOMES:
             detail = event.get("sink_id") if kind == MirrorEvent.DELIVERED else event.get("reason")
             index.events.add((str(kind), key, str(event.get("sink")), detail))
+        elif kind == MirrorEvent.FORGOTTEN:
+            where = event.get("line")
+            index.forgotten[key] = (where if isinstance(where, int) else -1, str(event.get("hash")))
     return index
+
+
+def _check_log(jsonl: JsonlLog, index: _LogIndex, report: VerifyReport) -> None:
+    """The chain (through each redacted line's recorded hash), and every accepted line whose
+    content does not give its key: only a forget's redaction, at the offset it names, may."""
+    redacted = {offset: digest for offset, digest in index.forgotten.values()}
+    for problem in jsonl.verify_chain(redacted):
+        report.add(problem)
+    for number, key, offset, event in index.unmatched:
+        if not (
+            key in index.forgotten and index.forgotten[key][0] == offset and is_redacted(event)
+        ):
+            report.add(f"{jsonl.path}: line {number}: content or timestamp does not match its key")
 
 
 def _check_accepted(
@@ -115,7 +138,9 @@ def _check_events(
         if row.mirror_pending or row.state not in SETTLED:
             continue  # not written out yet: a dispatcher is on its way
         event = delivery_event(row)
-        assert event is not None
+        if event is None:
+            continue  # forgotten before it ever reached this sink: nothing to write
+
         detail = (
             event.get("sink_id") if row.state == DeliveryState.DELIVERED else event.get("reason")
         )
@@ -124,6 +149,17 @@ def _check_events(
                 f"record {row.key[:12]}: {row.state} for {row.sink} in the database, "
                 f"but no matching {event['event']} line in {where}"
             )
+
+
+def _check_forgotten(item: StoredRecord, index: _LogIndex, report: VerifyReport) -> None:
+    """A forgotten record: its log says so, and its file is gone."""
+    key = item.record.key
+    if key not in index.forgotten:
+        report.add(
+            f"record {key[:12]}: forgotten in the database, but no forgotten line in the log"
+        )
+    if item.markdown_name:
+        report.add(f"record {key[:12]}: forgotten, but its markdown file is not yet removed")
 
 
 def _check_markdown(item: StoredRecord, markdown_dir: Path, report: VerifyReport) -> None:
@@ -157,9 +193,9 @@ def verify(storage: Storage, jsonl: JsonlLog, markdown_dir: Path, mirror_id: str
             f"database: {exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         )
         return report
-    for problem in jsonl.verify_chain():
-        report.add(problem)
-    index = _read_log(jsonl, report)
+    index = _read_log(jsonl)
+    report.jsonl_lines = index.lines
+    _check_log(jsonl, index, report)
     batch: list[StoredRecord] = []
     for item in storage.records.iter_records(origin=mirror_id):
         batch.append(item)
@@ -188,4 +224,7 @@ def _check_batch(
         key = item.record.key
         _check_accepted(item, index.accepted.pop(key, []), report, where)
         _check_events(rows.get(key, []), index, report, where)
-        _check_markdown(item, markdown_dir, report)
+        if item.forgotten:
+            _check_forgotten(item, index, report)
+        else:
+            _check_markdown(item, markdown_dir, report)

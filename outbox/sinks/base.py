@@ -4,6 +4,9 @@ A sink turns records into something durable elsewhere and says, per record, whic
 other side gave it. The dispatcher owns retries, timeouts, leases and bookkeeping; a sink
 only delivers, and must be idempotent by record key (a repeat delivery is no second memory).
 
+A forget reaches a sink as ``delete(items)``, idempotent the same way: a key the sink does not
+hold is already deleted.
+
 A sink also says what its own failures mean: it raises (or returns, per record) ``Transient``
 for "try again later" and ``Permanent`` for "never", each with a ``FailureReason``. Only the
 sink knows its library's exceptions and wording, so the dispatcher never has to.
@@ -19,8 +22,11 @@ from outbox.record import Record
 from outbox.states import FailureReason
 
 __all__ = [
+    "DeleteOutcome",
+    "Deleted",
     "Delivered",
     "FailureReason",
+    "Held",
     "NotDelivered",
     "Outcome",
     "Permanent",
@@ -40,6 +46,26 @@ class Delivered:
 
 # One outcome per record, in the batch's order: an id, or the exception for that record.
 Outcome = Delivered | BaseException
+
+
+@dataclass(frozen=True)
+class Held:
+    """A record a sink is asked to delete: its key, and the id the sink gave it when it was
+    delivered (None when never delivered, or when that row was pruned)."""
+
+    key: str
+    sink_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Deleted:
+    """The sink no longer holds the record of ``key`` (it deleted it, or never had it)."""
+
+    key: str
+
+
+# One outcome per key of a delete call, in order: done, or the exception for that key.
+DeleteOutcome = Deleted | BaseException
 
 
 def describe(exc: BaseException) -> str:
@@ -113,6 +139,11 @@ class Sink(Protocol):
 
     def deliver(self, batch: Sequence[Record]) -> list[Outcome]:
         """Deliver ``batch``; return one outcome per record, or raise to fail them all."""
+        ...
+
+    def delete(self, items: Sequence[Held]) -> list[DeleteOutcome]:
+        """Remove these records (a forget); a record the sink never had is done too.
+        Return one outcome per item, or raise to fail them all; retried like a delivery."""
         ...
 
     def close(self) -> None:

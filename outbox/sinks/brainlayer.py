@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from outbox.config import Settings
 from outbox.record import Record
-from outbox.sinks.base import Outcome
+from outbox.sinks.base import Deleted, DeleteOutcome, Held, Outcome
 from outbox.sinks.brainlayer_errors import (
     failure_of,
     is_lock_error,
@@ -53,6 +53,11 @@ INSTALL_HINT = (
     "&& pip install apsw sqlite-vec abydos numpy orjson pyyaml"
 )
 DEFAULT_MEMORY_TYPE = "note"
+
+
+# Where BrainLayer keeps a chunk's vectors, when its schema has them.
+_VECTOR_TABLES = frozenset({"chunk_vectors", "chunk_vectors_binary"})
+_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
 
 
 class BrainLayerMissing(ImportError):
@@ -236,6 +241,28 @@ class BrainLayerSink:
         finally:
             _close_store(store)
         return outcomes
+
+    def delete(self, items: Sequence[Held]) -> list[DeleteOutcome]:
+        """Remove forgotten records for good: the chunk row (BrainLayer's triggers take its
+        search rows with it) and its vectors. BrainLayer's own ``archive`` would only hide it."""
+        store = self._open()
+        try:
+            cursor = store.conn.cursor()
+            tables = {str(row[0]) for row in cursor.execute(_TABLES)}
+            with store.conn:  # one transaction for the batch
+                for item in items:
+                    chunk_id = item.sink_id or chunk_id_for(item.key)
+                    for table in _VECTOR_TABLES & tables:
+                        cursor.execute(f"DELETE FROM {table} WHERE chunk_id = ?", (chunk_id,))
+                    cursor.execute("DELETE FROM chunks WHERE id = ?", (chunk_id,))
+        except Exception as exc:
+            failure = failure_of(exc)
+            if failure is exc:
+                raise
+            raise failure from exc
+        finally:
+            _close_store(store)
+        return [Deleted(item.key) for item in items]
 
     def close(self) -> None:
         """Nothing is held between batches."""

@@ -15,8 +15,22 @@ from typing import TYPE_CHECKING, Any
 
 from outbox.config import Settings
 from outbox.record import Record
-from outbox.sinks.base import Delivered, NotDelivered, Outcome, Transient
-from outbox.sinks.brainlayer import SINK_NAME, BrainLayerMissing, memory_type_of, project_of
+from outbox.sinks.base import (
+    Deleted,
+    DeleteOutcome,
+    Delivered,
+    Held,
+    NotDelivered,
+    Outcome,
+    Permanent,
+    Transient,
+)
+from outbox.sinks.brainlayer import (
+    SINK_NAME,
+    BrainLayerMissing,
+    memory_type_of,
+    project_of,
+)
 from outbox.sinks.brainlayer_errors import deferred, failure_of, refused, safe_text
 from outbox.states import FailureReason
 
@@ -32,6 +46,10 @@ _MCP_MIN_START_TIMEOUT = 15.0
 _DELIVERED_STATUSES = frozenset({"", "STORED", "DUPLICATE", "MERGED"})
 # Failures after which the rest of the batch would fare the same.
 _BATCH_ENDING = frozenset({FailureReason.TIMEOUT, FailureReason.TRANSPORT_CLOSED})
+
+
+# The tool that exposes BrainLayer's gated tools (brain_archive among them) to a session.
+_EXPAND = "expand_palette"
 
 
 class BrainLayerMcpSink:
@@ -146,6 +164,52 @@ class BrainLayerMcpSink:
                 continue
             outcomes.append(reply_outcome(result, record))
         return outcomes
+
+    def delete(self, items: Sequence[Held]) -> list[DeleteOutcome]:
+        """``brain_archive`` each forgotten chunk, by the id the server gave it: the one
+        removal BrainLayer's MCP tools offer. It hides the chunk from search and drops its
+        vectors; the row itself stays in BrainLayer's database (docs/sinks.md says so)."""
+        deadline = time.monotonic() + self.call_budget
+        self.connect(min(self.start_timeout, self.call_budget))
+        client = self._client
+        assert client is not None
+        outcomes: list[DeleteOutcome] = []
+        for item in items:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                outcomes.append(
+                    Transient(
+                        f"brain_archive budget of {self.call_budget:g}s spent",
+                        FailureReason.TIMEOUT,
+                    )
+                )
+            elif item.sink_id is None:
+                # The server minted the id and its delivery row is gone: nothing to name.
+                outcomes.append(
+                    Permanent(
+                        "BrainLayer's id for this record is not known here (its delivery "
+                        "row was pruned); archive it in BrainLayer by hand",
+                        FailureReason.REJECTED,
+                    )
+                )
+            else:
+                outcomes.append(self._archive(client, item, remaining))
+        return outcomes
+
+    def _archive(self, client: StdioMcpClient, item: Held, remaining: float) -> DeleteOutcome:
+        arguments = {"chunk_id": item.sink_id}
+        try:
+            result = client.call("brain_archive", arguments, remaining)
+            if getattr(result, "is_error", False) and _EXPAND in _text_of(result):
+                # BrainLayer's core profile gates brain_archive until the palette grows.
+                client.call(_EXPAND, {}, remaining)
+                result = client.call("brain_archive", arguments, remaining)
+        except Exception as exc:
+            return exc
+        text = _text_of(result)
+        if getattr(result, "is_error", False) and "not found" not in text.lower():
+            return Transient(f"brain_archive failed: {text[:200]}", FailureReason.UNKNOWN)
+        return Deleted(item.key)  # archived, or BrainLayer no longer has it
 
     def close(self) -> None:
         """Stop the server process and the client's loop thread."""

@@ -26,7 +26,7 @@ from typing import Any
 from outbox.config import Settings
 from outbox.errors import ConfigError, OutboxError
 from outbox.record import Record
-from outbox.sinks.base import Delivered, Outcome, Rejected
+from outbox.sinks.base import Deleted, DeleteOutcome, Delivered, Held, Outcome, Rejected
 from outbox.sinks.chroma_client import Backend, ServerBackend, chroma_failure, parse_chroma_url
 from outbox.sinks.chroma_documents import chroma_metadata, has_visible_text, vector_problem
 from outbox.sinks.chroma_index import ActiveIndex, IndexPointer
@@ -278,6 +278,24 @@ class ChromaSink:
             [record.content for record, _ in chunk],
             [chroma_metadata(record) for record, _ in chunk],
         )
+
+    def delete(self, items: Sequence[Held]) -> list[DeleteOutcome]:
+        """Remove forgotten records from the collection recall reads (document id = key)."""
+        if not items:
+            return []
+        try:
+            self._call("delete", [item.key for item in items])
+        except Exception as exc:
+            failure = chroma_failure(exc)
+            if failure is None:
+                raise
+            raise failure from exc
+        return [Deleted(item.key) for item in items]
+
+    def holds(self, keys: Sequence[str]) -> list[str]:
+        """Which of ``keys`` the collection holds."""
+        found: list[str] = self._call("holds", list(keys))
+        return found
 
     def search(
         self, query: str, n_results: int = 5, where: Mapping[str, Any] | None = None

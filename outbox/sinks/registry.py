@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from outbox.config import Settings
 from outbox.errors import ConfigError
-from outbox.sinks.base import Sink
+from outbox.sinks.base import DeleteOutcome, Held, Permanent, Sink
 
 
 def _has_sink_methods(target: object) -> bool:
@@ -25,7 +26,23 @@ def adopt(sink: object, name: str) -> Sink:
     elif not hasattr(sink, "semantic"):
         sink.semantic = False  # type: ignore[attr-defined]
     sink.name = name  # type: ignore[attr-defined]
+    if not callable(getattr(sink, "delete", None)):
+        sink.delete = _cannot_delete(name)  # type: ignore[attr-defined]
     return cast(Sink, sink)
+
+
+def _cannot_delete(name: str) -> Callable[[Sequence[Held]], list[DeleteOutcome]]:
+    """A sink written before forget existed: its deletes become dead letters that say so,
+    rather than a forget that silently leaves the record in it."""
+
+    def delete(items: Sequence[Held]) -> list[DeleteOutcome]:
+        raise Permanent(
+            f"sink {name!r} has no delete(items); remove these records from it by hand, then "
+            "`outbox dead discard`",
+            "rejected",
+        )
+
+    return delete
 
 
 def load_sink(name: str, settings: Settings) -> Sink:

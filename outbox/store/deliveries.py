@@ -25,7 +25,7 @@ from sqlalchemy import (
     update,
 )
 
-from outbox.states import UNDELIVERED, DeliveryState
+from outbox.states import UNDELIVERED, DeliveryOp, DeliveryState
 from outbox.store.delivery_reads import CHUNK, PENDING_DEPTH_CAP, DeliveryReads, DeliveryRow
 from outbox.store.schema import deliveries
 
@@ -40,6 +40,7 @@ class Claim:
     key: str
     sink: str
     attempts: int
+    op: str = DeliveryOp.DELIVER  # DeliveryOp: hold the record, or delete it (a forget)
 
 
 def _leased_by(owner: str | BindParameter[str]) -> ColumnElement[bool]:
@@ -63,6 +64,23 @@ _DELIVER = (
         updated_at=bindparam("b_now"),
     )
 )
+
+
+def _deleted(delivery_id: int, owner: str, now: float) -> Any:
+    """Settle one delete row the sink carried out; its ``deleted`` line is still to write."""
+    return (
+        update(deliveries)
+        .where(deliveries.c.id == delivery_id, _leased_by(owner))
+        .values(
+            state=DeliveryState.FORGOTTEN,
+            lease_owner=None,
+            lease_expires_at=None,
+            last_error=None,
+            available_at=now,
+            mirror_pending=1,
+            updated_at=now,
+        )
+    )
 
 
 class _DeliveryDialect(Protocol):
@@ -138,11 +156,13 @@ class DeliveryStore(DeliveryReads):
                 attempts=deliveries.c.attempts + 1,
                 updated_at=now,
             )
-            .returning(deliveries.c.id, deliveries.c.record_key, deliveries.c.attempts)
+            .returning(
+                deliveries.c.id, deliveries.c.record_key, deliveries.c.attempts, deliveries.c.op
+            )
         )
         with self.engine.begin() as conn:
             rows = conn.execute(statement).all()
-        claims = [Claim(row.id, row.record_key, sink, row.attempts) for row in rows]
+        claims = [Claim(row.id, row.record_key, sink, row.attempts, row.op) for row in rows]
         claims.sort(key=lambda claim: claim.delivery_id)
         return claims
 
@@ -168,6 +188,7 @@ class DeliveryStore(DeliveryReads):
         now: float | None = None,
         *,
         purge_search_index: bool = False,
+        deleted: Sequence[int] = (),
     ) -> tuple[list[int], list[int]]:
         """Record outcomes of one batch in one transaction, guarded by lease ownership.
 
@@ -176,12 +197,16 @@ class DeliveryStore(DeliveryReads):
         updated (a row whose lease was taken over is left to its new owner).
         ``purge_search_index`` is accepted and ignored: the lexical leg of recall searches
         every record, delivered or not, so delivery leaves the search index alone.
+        ``deleted`` holds the delete rows (a forget's) the sink has carried out.
         """
         now = time.time() if now is None else now
         done: list[int] = []
         with self.engine.begin() as conn:
             if delivered:
                 done = self._settle_delivered(conn, owner, delivered, now)
+            for delivery_id in deleted:
+                if conn.execute(_deleted(delivery_id, owner, now)).rowcount:
+                    done.append(delivery_id)
             dead_or_retry = [
                 delivery_id
                 for delivery_id, error, error_class, next_at in failed

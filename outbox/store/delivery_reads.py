@@ -37,6 +37,7 @@ class DeliveryRow:
     mirror_pending: bool
     created_at: float
     delivered_at: float | None
+    op: str = "deliver"  # DeliveryOp: "delete" once the record was forgotten
 
 
 def row_to_delivery(row: Any) -> DeliveryRow:
@@ -54,6 +55,7 @@ def row_to_delivery(row: Any) -> DeliveryRow:
         mirror_pending=bool(row.mirror_pending),
         created_at=row.created_at,
         delivered_at=row.delivered_at,
+        op=row.op,
     )
 
 

@@ -17,7 +17,7 @@ from sqlalchemy import Connection, Dialect, Engine, Table, bindparam, func, sele
 from sqlalchemy.dialects import postgresql, sqlite
 
 from outbox.record import Record
-from outbox.states import DeliveryState
+from outbox.states import DeliveryOp, DeliveryState
 from outbox.store.schema import FRONTIER_NODE_ID, deliveries, graph_edges, graph_nodes, records
 
 # Keys per ``IN (...)`` list: well below every driver's limit on bound parameters.
@@ -33,6 +33,12 @@ class StoredRecord:
     markdown_name: str
     origin: str
     created_at: float
+    # When a forget emptied it (a tombstone: no content, tags, metadata or file).
+    forgotten_at: float | None = None
+
+    @property
+    def forgotten(self) -> bool:
+        return self.forgotten_at is not None
 
 
 def row_to_record(row: Any) -> StoredRecord:
@@ -51,6 +57,7 @@ def row_to_record(row: Any) -> StoredRecord:
         markdown_name=row.markdown_name,
         origin=row.origin,
         created_at=row.created_at,
+        forgotten_at=row.forgotten_at,
     )
 
 
@@ -83,6 +90,8 @@ def new_rows(
             "markdown_name": markdown_name,
             "origin": origin,
             "created_at": now,
+            "forgotten_at": None,
+            "redaction_pending": 0,
         },
         node={
             "id": record.key,
@@ -113,6 +122,7 @@ def _delivery_row(key: str, sink: str, now: float) -> dict[str, Any]:
         "record_key": key,
         "sink": sink,
         "state": DeliveryState.PENDING.value,
+        "op": DeliveryOp.DELIVER.value,
         "attempts": 0,
         "available_at": now,
         "lease_owner": None,

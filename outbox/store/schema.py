@@ -45,8 +45,20 @@ records = Table(
     Column("markdown_name", String(1024), nullable=False),
     Column("origin", String(255), nullable=False),
     Column("created_at", Float, nullable=False),
+    # Set by a forget, which also empties content, tags, metadata and slug: the row stays as
+    # a tombstone so the key is never written again and the log's accepted line is explained.
+    Column("forgotten_at", Float),
+    # A forget's unfinished work: 1 until its mirrors are done (log redacted, file deleted),
+    # then 2 until the database's own copies are purged (search index merged, WAL truncated).
+    Column("redaction_pending", Integer, nullable=False, default=0, server_default="0"),
 )
 Index("ix_records_origin_seq", records.c.origin, records.c.seq)
+Index(
+    "ix_records_redaction_pending",
+    records.c.seq,
+    sqlite_where=records.c.redaction_pending > 0,
+    postgresql_where=records.c.redaction_pending > 0,
+)
 Index("ix_records_markdown_name", records.c.markdown_name)
 
 graph_nodes = Table(
@@ -83,6 +95,8 @@ deliveries = Table(
     Column("sink", String(255), nullable=False),
     # One of outbox.states.DeliveryState.
     Column("state", String(16), nullable=False),
+    # One of outbox.states.DeliveryOp: a forget turns the row into a delete for its sink.
+    Column("op", String(8), nullable=False, default="deliver", server_default="deliver"),
     Column("attempts", Integer, nullable=False, default=0),
     # When the row may next be claimed: the retry time while pending, the lease expiry while
     # leased. One column keeps "what is due" a single index range scan.

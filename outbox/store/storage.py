@@ -13,6 +13,7 @@ from sqlalchemy import Engine
 
 from outbox.store.browse import BrowseQueries
 from outbox.store.deliveries import DeliveryStore
+from outbox.store.forgetting import ForgetStore
 from outbox.store.heartbeats import HeartbeatStore
 from outbox.store.locations import LocationStore
 from outbox.store.mirror_state import MirrorStateStore
@@ -30,6 +31,7 @@ class Storage:
         self.records = RecordStore(self.engine, self.reader)
         self.deliveries = DeliveryStore(self.engine, self.reader)
         self.mirror_state = MirrorStateStore(self.engine, self.reader)
+        self.forgetting = ForgetStore(self.engine, self.reader)
         self.recall = RecallQueries(self.reader)
         self.browse = BrowseQueries(self.reader)  # the dashboard's reads
         self.locations = LocationStore(self.engine, self.reader)  # where the mirrors live

@@ -183,3 +183,34 @@ class SinkConformance:
             assert row.state == "delivered"
             assert row.attempts == 2
             self.assert_copies(sink_harness, record)
+
+    def test_forget_deletes_from_the_sink(self, ob: Outbox, sink_harness: SinkHarness) -> None:
+        kept, gone = (self.add(ob, text) for text in TEXTS[:2])
+        assert ob.drain(timeout=_DRAIN).ok
+        receipt = ob.forget(gone.key[:16])
+        assert receipt.key == gone.key and receipt.sinks == [self.sink_name(ob)]
+        assert ob.drain(timeout=_DRAIN).ok
+        (row,) = self.rows(ob, gone.key)
+        assert (row.state, row.op, row.attempts) == ("forgotten", "delete", 1)
+        self.assert_copies(sink_harness, gone, 0)
+        self.assert_copies(sink_harness, kept, 1)
+        # A lost acknowledgement: the delete runs again, and deleting nothing is no error.
+        make_due(ob, state="pending")
+        assert ob.drain(timeout=_DRAIN).ok
+        assert self.rows(ob, gone.key)[0].state == "forgotten"
+        self.assert_copies(sink_harness, gone, 0)
+        self.assert_copies(sink_harness, kept, 1)
+        report = ob.verify()
+        assert report.ok, report.problems
+
+    def test_forgotten_before_delivery_never_reaches_the_sink(
+        self, ob: Outbox, sink_harness: SinkHarness
+    ) -> None:
+        record = self.add(ob, TEXTS[2])
+        receipt = ob.forget(record.key)
+        assert receipt.sinks == [] and receipt.never_sent == [self.sink_name(ob)]
+        assert ob.drain(timeout=_DRAIN).ok
+        (row,) = self.rows(ob, record.key)
+        assert (row.state, row.attempts, row.sink_id) == ("forgotten", 0, None)
+        self.assert_copies(sink_harness, record, 0)
+        assert ob.verify().ok

@@ -25,7 +25,16 @@ from pathlib import Path
 
 from outbox.config import Settings
 from outbox.record import Record
-from outbox.sinks.base import Delivered, NotDelivered, Outcome, Rejected, Transient
+from outbox.sinks.base import (
+    Deleted,
+    DeleteOutcome,
+    Delivered,
+    Held,
+    NotDelivered,
+    Outcome,
+    Rejected,
+    Transient,
+)
 from outbox.states import FailureReason
 
 
@@ -103,6 +112,23 @@ class FaultySink:
             )
         return outcomes
 
+    def delete(self, items: Sequence[Held]) -> list[DeleteOutcome]:
+        """Remove these records, with the same faults as a delivery (a forget's deletes are
+        retried the same way)."""
+        if self.hang:
+            self._released.wait(self.hang)
+        outcomes: list[DeleteOutcome] = []
+        gone: list[str] = []
+        for item in items:
+            if self.random.random() < self.fail_rate:
+                outcomes.append(Transient(self.error_text, self.error_reason))
+            else:
+                outcomes.append(Deleted(item.key))
+                gone.append(item.key)
+        with self._connect() as conn:
+            conn.executemany("DELETE FROM delivered WHERE key = ?", [(key,) for key in gone])
+        return outcomes
+
     def release(self) -> None:
         """End every hang now and from now on (a hung server that comes back)."""
         self._released.set()
@@ -131,6 +157,9 @@ class NoopSink:
 
     def deliver(self, batch: Sequence[Record]) -> list[Outcome]:
         return [Delivered(record.key) for record in batch]
+
+    def delete(self, items: Sequence[Held]) -> list[DeleteOutcome]:
+        return [Deleted(item.key) for item in items]
 
     def close(self) -> None:
         """Nothing to release."""

@@ -313,7 +313,14 @@ class StorageConformance:
         counts = store.counts()
         assert set(counts) == set(SINKS)
         assert all(set(per_state) == set(DeliveryState) for per_state in counts.values())
-        assert counts[FIRST] == {PENDING: 3, LEASED: 1, DELIVERED: 1, DEAD: 0, DISCARDED: 0}
+        assert counts[FIRST] == {
+            PENDING: 3,
+            LEASED: 1,
+            DELIVERED: 1,
+            DEAD: 0,
+            DISCARDED: 0,
+            DeliveryState.FORGOTTEN: 0,
+        }
         assert counts[SECOND][PENDING] == 3
         assert store.oldest_pending() == {FIRST: 100.0, SECOND: 100.0}
         everything = store.claim(SECOND, "a", limit=10, lease_seconds=LEASE, now=300.0)
@@ -457,3 +464,75 @@ class StorageConformance:
         assert places.recorded("machine-2") == second
         places.record("machine-1", second, replace=True)  # a store moved whole
         assert places.recorded("machine-1") == second
+
+    # -- forget -----------------------------------------------------------------------------
+
+    def test_forget_tombstones_the_record_and_turns_each_row_into_a_delete(
+        self, storage: Storage
+    ) -> None:
+        from outbox.states import DeliveryOp
+        from outbox.store.forgetting import MIRRORS_DUE, PURGE_DUE
+
+        delivered_key, untried_key = seed(storage, 2, now=100.0, prefix="forget")
+        claimed = [
+            claim
+            for sink in SINKS
+            for claim in storage.deliveries.claim(sink, "d1", 10, LEASE, now=101.0)
+        ]
+        mine = [(c.delivery_id, "id-1") for c in claimed if c.key == delivered_key]
+        storage.deliveries.settle("d1", mine, [], 102.0)
+        storage.deliveries.release("d1")  # the untried record's rows: never sent
+        plan = storage.forgetting.forget(delivered_key, [*SINKS, "extra"], now=103.0)
+        assert plan is not None and not plan.already
+        assert (plan.deletes, plan.never_sent) == (sorted([*SINKS, "extra"]), [])
+        untried = storage.forgetting.forget(untried_key, SINKS, now=103.5)
+        assert untried is not None and (untried.deletes, untried.never_sent) == ([], sorted(SINKS))
+        again = storage.forgetting.forget(delivered_key, SINKS, now=104.0)
+        assert again is not None and again.already and again.deletes == []
+        assert storage.forgetting.forget("0" * 64, SINKS) is None
+        item = storage.records.get_record(delivered_key)
+        assert item is not None and item.forgotten and item.forgotten_at == 103.0
+        assert (item.record.content, item.record.tags, item.record.metadata) == ("", (), {})
+        with storage.engine.connect() as conn:
+            node = conn.execute(select(graph_nodes).where(graph_nodes.c.id == delivered_key))
+            assert node.first() is None
+        rows = storage.deliveries.deliveries_for([delivered_key, untried_key])
+        assert {(r.sink, r.op, r.state, r.attempts) for r in rows[delivered_key]} == {
+            (sink, DeliveryOp.DELETE, PENDING, 0) for sink in [*SINKS, "extra"]
+        }
+        assert {(r.op, r.state, r.attempts) for r in rows[untried_key]} == {
+            (DeliveryOp.DELETE, DeliveryState.FORGOTTEN, 0)
+        }
+        # A delete is claimed like a delivery and settled as forgotten, its line still due.
+        deletes = storage.deliveries.claim(FIRST, "d2", 10, LEASE, now=105.0)
+        assert [(c.key, c.op) for c in deletes] == [(delivered_key, DeliveryOp.DELETE)]
+        done, _ = storage.deliveries.settle("d2", [], [], 106.0, deleted=ids(deletes))
+        assert done == ids(deletes)
+        (row,) = [
+            r
+            for r in storage.deliveries.deliveries_for([delivered_key])[delivered_key]
+            if r.sink == FIRST
+        ]
+        assert (row.state, row.mirror_pending) == (DeliveryState.FORGOTTEN, True)
+        # What the forget still owes: the mirrors, then the purge.
+        due = storage.forgetting.mirrors_due(ORIGIN)
+        assert sorted(i.record.key for i in due) == sorted([delivered_key, untried_key])
+        assert {i.markdown_name for i in due} == {"forget-0.md", "forget-1.md"}
+        storage.forgetting.mirrors_done([delivered_key, untried_key])
+        assert storage.forgetting.mirrors_due(ORIGIN) == []
+        assert storage.records.get_record(delivered_key).markdown_name == ""  # type: ignore[union-attr]
+        assert storage.forgetting.purge_due() == 2
+        result = storage.forgetting.purge()
+        assert (result.records, result.complete) == (2, True)
+        assert storage.forgetting.purge_due() == 0
+        assert (MIRRORS_DUE, PURGE_DUE) == (1, 2)
+
+    def test_a_forget_takes_a_leased_row_from_its_dispatcher(self, storage: Storage) -> None:
+        (key,) = seed(storage, 1, now=100.0, prefix="race")
+        leased = storage.deliveries.claim(FIRST, "slow", 10, LEASE, now=101.0)
+        storage.forgetting.forget(key, SINKS, now=102.0)
+        # The dispatcher comes back with a delivery: the row is no longer its to settle.
+        done, _ = storage.deliveries.settle("slow", [(c.delivery_id, "late") for c in leased], [])
+        assert done == []
+        (row,) = [r for r in storage.deliveries.deliveries_for([key])[key] if r.sink == FIRST]
+        assert (row.op, row.state, row.sink_id) == ("delete", PENDING, None)

@@ -75,9 +75,14 @@ def stored_ids(settings: Settings) -> list[str]:
 
 def stored_copies(settings: Settings, record: Record) -> int:
     """Documents under the record's key in the collection, read with our own client."""
+    from chromadb.errors import NotFoundError
+
     with open_client(settings) as client:
-        found = client.get_collection(settings.chroma_collection).get(ids=[record.key], include=[])
-        return len(found["ids"])
+        try:
+            collection = client.get_collection(settings.chroma_collection)
+        except NotFoundError:  # nothing was ever delivered: no collection, no copy
+            return 0
+        return len(collection.get(ids=[record.key], include=[])["ids"])
 
 
 @contextlib.contextmanager

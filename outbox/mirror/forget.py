@@ -1,0 +1,164 @@
+"""A forget's mirror work: redact the record's log line in place and delete its file.
+
+The log stays append-only in every other way and its chain stays provable: before the
+accepted line is overwritten, a ``forgotten`` line is appended naming that line's offset and
+the hash it had. ``verify`` then takes the recorded hash for the redacted line, and checks
+that the redaction removed only the content (content, tags, metadata, file name). The
+redacted line keeps its length, padded with spaces, so no offset after it moves.
+
+Runs under the mirror lock; every step may be repeated after a crash without harm.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mmap
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from outbox.mirror import markdown
+from outbox.mirror.jsonl import JsonlLog, accepted_event, line_hash
+from outbox.safe_files import open_file
+from outbox.states import MirrorEvent
+from outbox.store.records import StoredRecord
+from outbox.store.storage import Storage
+
+log = logging.getLogger(__name__)
+
+# The fields of an accepted line that carry what the caller wrote, and their redacted values.
+REDACTED: dict[str, Any] = {"content": "", "tags": [], "metadata": {}, "markdown": ""}
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def redact(raw: bytes) -> bytes:
+    """The accepted line ``raw`` with its content fields emptied, padded to the same length
+    (an object's closing brace may follow any whitespace)."""
+    event = json.loads(raw)
+    for name, empty in REDACTED.items():
+        if name in event:
+            event[name] = empty
+    body = _ENCODER.encode(event).encode("utf-8")
+    if len(body) > len(raw):  # cannot happen: every emptied value is its shortest form
+        raise ValueError("the redacted line is longer than the line it replaces")
+    return body[:-1] + b" " * (len(raw) - len(body)) + b"}"
+
+
+def is_redacted(event: dict[str, Any]) -> bool:
+    """Whether an accepted line holds nothing of the record's content any more."""
+    return event.get("event") == MirrorEvent.ACCEPTED and all(
+        event.get(name, empty) == empty for name, empty in REDACTED.items()
+    )
+
+
+def forgotten_event(key: str, offset: int, original_hash: str) -> dict[str, Any]:
+    return {"event": MirrorEvent.FORGOTTEN.value, "key": key, "line": offset, "hash": original_hash}
+
+
+def _needle(kind: MirrorEvent, key: str) -> bytes:
+    # Lines are written by one encoder with "event" then "key" first, so this is a line start.
+    return f'{{"event":"{kind.value}","key":"{key}"'.encode()
+
+
+@dataclass
+class _Found:
+    accepted: tuple[int, bytes] | None  # (offset, raw line)
+    forgotten: bool
+
+
+def _find(path: Path, key: str) -> _Found:
+    """The record's accepted line and whether a forgotten line follows, searched from the
+    end (a forget is most often of something recent)."""
+    try:
+        fd = open_file(path, os.O_RDONLY, what="JSONL log")
+    except FileNotFoundError:
+        return _Found(None, False)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return _Found(None, False)
+        with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as data:
+            forgotten = _line_at(data, _needle(MirrorEvent.FORGOTTEN, key)) is not None
+            return _Found(_line_at(data, _needle(MirrorEvent.ACCEPTED, key)), forgotten)
+    finally:
+        os.close(fd)
+
+
+def _line_at(data: mmap.mmap, needle: bytes) -> tuple[int, bytes] | None:
+    end = len(data)
+    while (at := data.rfind(needle, 0, end)) >= 0:
+        if at == 0 or data[at - 1 : at] == b"\n":
+            stop = data.find(b"\n", at)
+            if stop < 0:
+                return None  # a torn last line: not a line yet
+            return at, bytes(data[at:stop])
+        end = at
+    return None
+
+
+class Redactor:
+    """Finishes forgets in one machine's mirrors: the log line, the markdown file."""
+
+    def __init__(self, storage: Storage, jsonl: JsonlLog, markdown_dir: Path, mirror_id: str):
+        self.storage = storage
+        self.jsonl = jsonl
+        self.markdown_dir = markdown_dir
+        self.mirror_id = mirror_id
+
+    def run(self) -> int:
+        """Finish every forget whose mirrors are still due; returns how many."""
+        done = 0
+        while due := self.storage.forgetting.mirrors_due(self.mirror_id):
+            for item in due:
+                self.finish(item)
+            self.storage.forgetting.mirrors_done([item.record.key for item in due])
+            done += len(due)
+        return done
+
+    def finish(self, item: StoredRecord) -> None:
+        """Redact ``item``'s log line and delete its markdown file (caller holds the lock)."""
+        key = item.record.key
+        self.jsonl.repair_tail()
+        found = _find(self.jsonl.path, key)
+        if found.accepted is None:
+            # Forgotten before its line was written (a crash in between): the line it gets
+            # holds nothing to redact, and the forgotten line records its own hash.
+            offset, _ = self.jsonl.end()
+            self.jsonl.append([accepted_event(item.record, item.seq, "", [])])
+            raw = next(self.jsonl.lines(offset)).raw
+            self.jsonl.append([forgotten_event(key, offset, line_hash(raw))])
+        else:
+            offset, raw = found.accepted
+            if not found.forgotten:  # first the evidence, then the overwrite
+                self.jsonl.append([forgotten_event(key, offset, line_hash(raw))])
+            if not is_redacted(json.loads(raw)):
+                self._overwrite(offset, redact(raw))
+        self._delete_file(item)
+
+    def _overwrite(self, offset: int, data: bytes) -> None:
+        fd = open_file(self.jsonl.path, os.O_WRONLY, what="JSONL log")
+        try:
+            os.pwrite(fd, data, offset)
+            os.fsync(fd)  # the content must not come back with a crash
+        finally:
+            os.close(fd)
+
+    def _delete_file(self, item: StoredRecord) -> None:
+        if not item.markdown_name:
+            return
+        path = self.markdown_dir / item.markdown_name  # an absolute name stays absolute
+        try:
+            found, _ = markdown.read(path)
+        except FileNotFoundError:
+            return
+        except (OSError, markdown.MalformedMarkdown):
+            found = {}  # a torn or unreadable file of this record's name is still its own
+        if found.get("key") not in (None, item.record.key):
+            log.warning(
+                "record %s: its markdown file now carries another key; left in place",
+                item.record.key[:12],
+            )
+            return
+        path.unlink(missing_ok=True)
