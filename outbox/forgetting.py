@@ -84,10 +84,9 @@ class Forgetter:
         if plan.deletes:
             self.wake()  # this process's dispatcher, at once; others within one poll
         try:
+            # The exclusive mirror lock waits for this process's queued mirror writes, so
+            # the record's own line and file exist before the redaction looks for them.
             with self.mirrors.hold():
-                flush = getattr(self.mirrors, "flush", None)
-                if flush is not None:
-                    flush()  # a deferred mirror write of it must land before the redaction
                 Redactor(
                     self.storage,
                     self.mirrors.jsonl,

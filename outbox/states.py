@@ -88,6 +88,9 @@ class MirrorEvent(StrEnum):
     FORGOTTEN = "forgotten"
     # One sink deleted a forgotten record.
     DELETED = "deleted"
+    # ``verify --repair`` met a break in the chain (lines lost or edited in the middle): this
+    # line records where, and what the chain expected there, instead of rewriting history.
+    REANCHORED = "reanchored"
 
 
 class BuiltinSink(StrEnum):

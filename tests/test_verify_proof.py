@@ -141,3 +141,54 @@ def test_a_damaged_database_page_fails_verify(tmp_path: Path, env: dict[str, str
     assert result.returncode == 1
     problems = json.loads(result.stdout)["problems"]
     assert problems and all(p.startswith("database") for p in problems[:1])
+
+
+def test_a_line_lost_in_the_middle_is_reanchored_never_rewritten(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    keys = delivered_store(tmp_path, env)
+    path = log_path(tmp_path)
+    lines = path.read_bytes().splitlines(keepends=True)
+    # The first record's delivered line, between other lines: lost (a bad sector, an edit).
+    lost = next(
+        number
+        for number, line in enumerate(lines)
+        if json.loads(line)["event"] == "delivered" and json.loads(line)["key"] == keys[0]
+    )
+    assert 0 < lost < len(lines) - 1
+    path.write_bytes(b"".join(lines[:lost] + lines[lost + 1 :]))
+    code, problems = verify(tmp_path, env)
+    assert code == 1
+    assert any("does not chain" in p for p in problems)
+    assert any(keys[0][:12] in p and "delivered" in p for p in problems)
+    before = path.read_bytes()
+    code, problems = verify(tmp_path, env, "--repair")
+    assert (code, problems) == (0, [])
+    after = path.read_bytes()
+    assert after.startswith(before), "repair only appends: the history stays as it was"
+    added = [json.loads(line) for line in after[len(before) :].splitlines()]
+    events = [json.loads(line) for line in after.splitlines()]
+    restored = [e for e in events[len(lines) - 1 :] if e["event"] == "delivered"]
+    assert [e["key"] for e in restored] == [keys[0]], "the lost line came back, appended"
+    (anchor,) = [e for e in added if e["event"] == "reanchored"]
+    assert anchor["line"] == sum(len(line) for line in lines[:lost])
+    assert anchor["found"] != anchor["expected"]
+    assert verify(tmp_path, env) == (0, [])
+
+
+def test_an_edited_middle_line_stays_visible_after_repair(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    keys = delivered_store(tmp_path, env)
+    path = log_path(tmp_path)
+    lines = path.read_bytes().splitlines(keepends=True)
+    first = json.loads(lines[0])
+    assert first["key"] == keys[0]
+    first["importance"] = 9
+    lines[0] = json.dumps(first, separators=(",", ":")).encode() + b"\n"
+    path.write_bytes(b"".join(lines))
+    code, problems = verify(tmp_path, env, "--repair")
+    assert code == 1, "a repair never makes an edit look like history"
+    assert any(keys[0][:12] in p and "importance" in p for p in problems)
+    assert not any("does not chain" in p for p in problems), "the break itself is recorded"
+    assert b'"event":"reanchored"' in path.read_bytes()

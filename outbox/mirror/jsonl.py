@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -211,21 +211,66 @@ class JsonlLog:
                 yield LogLine(pos, line, event)
                 pos += len(raw)
 
-    def verify_chain(self, redacted: Mapping[int, str] | None = None) -> list[str]:
-        """Problems with the chain, first ones first (empty: intact).
+    def breaks(
+        self,
+        redacted: Mapping[int, str] | None = None,
+        anchored: Set[tuple[int, str]] = frozenset(),
+    ) -> list[Break]:
+        """Where the chain does not hold, first ones first.
 
         ``redacted`` maps the offset of each line a forget redacted in place to the hash the
         line had before, as its ``forgotten`` line recorded: the chain runs through that hash.
+        ``anchored`` holds (offset, expected hash) pairs a ``reanchored`` line accounts for.
         """
         redacted = redacted or {}
-        problems: list[str] = []
+        found: list[Break] = []
         prev = GENESIS
         for number, line in enumerate(self.lines(), start=1):
-            if not line.event:
-                problems.append(f"{self.path}: line {number} is not a JSON object")
+            if (line.offset, prev) in anchored:
+                pass
+            elif not line.event:
+                found.append(Break(number, line.offset, prev, None))
             elif line.event.get("prev") != prev:
-                problems.append(f"{self.path}: line {number} does not chain to the line before it")
+                found.append(Break(number, line.offset, prev, str(line.event.get("prev"))))
             prev = redacted.get(line.offset) or line_hash(line.raw)
-            if len(problems) >= 20:
-                break
-        return problems
+        return found
+
+    def verify_chain(
+        self,
+        redacted: Mapping[int, str] | None = None,
+        anchored: Set[tuple[int, str]] = frozenset(),
+    ) -> list[str]:
+        """Problems with the chain, first ones first (empty: intact)."""
+        return [
+            f"{self.path}: line {b.number} "
+            + (
+                "is not a JSON object"
+                if b.found is None
+                else "does not chain to the line before it"
+            )
+            for b in self.breaks(redacted, anchored)[:20]
+        ]
+
+
+@dataclass(frozen=True)
+class Break:
+    """A line whose ``prev`` is not the hash of the line before it (``found`` None: the
+    line is not JSON at all)."""
+
+    number: int
+    offset: int
+    expected: str
+    found: str | None
+
+
+def reanchor_event(gap: Break) -> dict[str, Any]:
+    """The line that accounts for a break: where it is and what the chain expected there
+    (the hash of the line that was before it); the lines lost with it come back from the
+    database as new lines, never in their old place."""
+    return {
+        "event": "reanchored",
+        "key": "",
+        "line": gap.offset,
+        "expected": gap.expected,
+        "found": gap.found,
+    }

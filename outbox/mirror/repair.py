@@ -14,6 +14,7 @@ from pathlib import Path
 
 from outbox.folders import ensure_private_dir
 from outbox.mirror import markdown, matter
+from outbox.mirror.chain import reanchor
 from outbox.mirror.forget import Redactor
 from outbox.mirror.jsonl import JsonlLog, accepted_event
 from outbox.record import Record
@@ -32,6 +33,7 @@ class RepairReport:
     files_written: int = 0
     front_matter_updated: int = 0
     forgets_finished: int = 0
+    reanchored: int = 0
     problems: list[str] = field(default_factory=list)
 
 
@@ -136,6 +138,8 @@ class MirrorSync:
         report.forgets_finished = Redactor(
             self.storage, self.jsonl, self.markdown_dir, self.mirror_id
         ).run()
+        if full:  # an operator's repair: breaks in the middle are recorded, never rewritten
+            report.reanchored = reanchor(self.jsonl)
         size, last_line = self.jsonl.end()
         if (last_seq, size, last_line) != (seq, offset, remembered):  # no write when idle
             self.storage.mirror_state.set_mirror_watermark(

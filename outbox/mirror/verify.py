@@ -67,6 +67,8 @@ class _LogIndex:
     forgotten: dict[str, tuple[int, str]] = field(default_factory=dict)
     # Accepted lines whose content does not give their key: (line number, key, offset, line)
     unmatched: list[tuple[int, str, int, dict[str, Any]]] = field(default_factory=list)
+    # (offset, expected hash) of each chain break a ``reanchored`` line accounts for
+    anchored: set[tuple[int, str]] = field(default_factory=set)
     lines: int = 0
 
 
@@ -94,6 +96,8 @@ def _read_log(jsonl: JsonlLog) -> _LogIndex:
         elif kind in _OUTCOMES:
             detail = event.get("sink_id") if kind == MirrorEvent.DELIVERED else event.get("reason")
             index.events.add((str(kind), key, str(event.get("sink")), detail))
+        elif kind == MirrorEvent.REANCHORED and isinstance(event.get("line"), int):
+            index.anchored.add((event["line"], str(event.get("expected"))))
         elif kind == MirrorEvent.FORGOTTEN:
             where = event.get("line")
             index.forgotten[key] = (where if isinstance(where, int) else -1, str(event.get("hash")))
@@ -104,7 +108,7 @@ def _check_log(jsonl: JsonlLog, index: _LogIndex, report: VerifyReport) -> None:
     """The chain (through each redacted line's recorded hash), and every accepted line whose
     content does not give its key: only a forget's redaction, at the offset it names, may."""
     redacted = {offset: digest for offset, digest in index.forgotten.values()}
-    for problem in jsonl.verify_chain(redacted):
+    for problem in jsonl.verify_chain(redacted, index.anchored):
         report.add(problem)
     for number, key, offset, event in index.unmatched:
         if not (
