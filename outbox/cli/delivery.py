@@ -4,8 +4,10 @@ not be delivered. The dispatcher and sinks load only inside these commands."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,8 +16,10 @@ from outbox.errors import ValidationError
 
 if TYPE_CHECKING:
     from outbox import DeliveryRow, Outbox
-    from outbox.dispatch.dispatcher import DrainReport
+    from outbox.dispatch.dispatcher import Dispatcher, DrainReport
     from outbox.dispatch.worker import SinkProgress
+
+log = logging.getLogger(__name__)
 
 
 class _ProgressLine:
@@ -59,12 +63,30 @@ def _drain_text(report: DrainReport) -> str:
     return "\n".join(lines)
 
 
+def _source(ob: Outbox) -> str:
+    """Where a dispatcher drains from and to, for its first log line (no password)."""
+    from sqlalchemy.engine import make_url
+
+    database = make_url(ob.settings.db_url).render_as_string(hide_password=True)
+    return f"{database} into {', '.join(ob.settings.sinks)}"
+
+
+def _totals(progress: dict[str, SinkProgress]) -> str:
+    """What each sink did, for the last log line."""
+    return "; ".join(
+        f"{sink}: delivered {p.delivered}, retried {p.retried}, dead {p.dead}"
+        for sink, p in progress.items()
+    )
+
+
 def cmd_drain(args: argparse.Namespace) -> int:
     with open_outbox() as ob:
         progress = None if args.json else _ProgressLine(ob.undelivered_count())
+        log.info("draining %s", _source(ob))
         report = ob.drain(timeout=args.timeout, on_progress=progress)
         if progress:
             progress.finish()
+    log.info("drain done in %.1f s: %s", report.elapsed, _totals(report.sinks))
     emit(args, report.to_dict(), _drain_text(report))
     return EXIT_OK if report.ok else EXIT_FAILED
 
@@ -85,10 +107,25 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    started = time.monotonic()
     with open_outbox(create=True) as ob, ob.dispatcher() as dispatcher:
-        logging.getLogger("outbox").info("dispatcher %s running", dispatcher.owner)
-        dispatcher.run(stop)
+        port = ob.settings.metrics_port if args.metrics_port is None else args.metrics_port
+        with _metrics(dispatcher, port) as url:
+            served = f"; metrics on {url}" if url else ""
+            log.info("dispatcher %s running: draining %s%s", dispatcher.owner, _source(ob), served)
+            dispatcher.run(stop)
+        done = {name: worker.progress for name, worker in dispatcher.workers.items()}
+    log.info("dispatcher stopped after %.1f s: %s", time.monotonic() - started, _totals(done))
     return EXIT_OK
+
+
+def _metrics(dispatcher: Dispatcher, port: int) -> contextlib.AbstractContextManager[str | None]:
+    """The Prometheus endpoint on 127.0.0.1:``port`` for the daemon's life (0: none)."""
+    if not port:
+        return contextlib.nullcontext()
+    from outbox.metrics import serve_metrics
+
+    return serve_metrics(dispatcher, port)
 
 
 def _dead_view(row: DeliveryRow) -> dict[str, Any]:
@@ -101,10 +138,18 @@ def _dead_view(row: DeliveryRow) -> dict[str, Any]:
     }
 
 
+def _one_line(error: str | None, limit: int = 200) -> str:
+    """A stored error as one line of at most ``limit`` characters (the full text: dead show)."""
+    text = " ".join((error or "none recorded").split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _dead_list(args: argparse.Namespace, ob: Outbox) -> None:
     rows = ob.dead.list(sink=args.sink, limit=args.limit)
     text = "\n".join(
-        f"{row.key}  {row.sink}  attempts={row.attempts}  reason={row.error_class}" for row in rows
+        f"{row.key}  {row.sink}  attempts={row.attempts}  reason={row.error_class}  "
+        f"error: {_one_line(row.last_error)}"
+        for row in rows
     )
     emit(args, {"dead": [_dead_view(row) for row in rows]}, text or "no dead letters")
 
@@ -148,11 +193,24 @@ def cmd_dead(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _port(text: str) -> int:
+    """A TCP port, or 0 for none: argparse's one-line error otherwise."""
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port 0..65535, got {text!r}")
+    return int(text)
+
+
 def register_drain_run(command: AddCommand) -> None:
     drain = command("drain", cmd_drain, "deliver what is due, then stop")
     drain.add_argument("--timeout", type=float, default=None, help="stop claiming after S seconds")
-    command(
+    run = command(
         "run", cmd_run, "the dispatcher daemon (stops cleanly on SIGTERM/SIGINT)", json_flag=False
+    )
+    run.add_argument(
+        "--metrics-port",
+        type=_port,
+        metavar="N",
+        help="serve Prometheus metrics on 127.0.0.1:N (default OUTBOX_METRICS_PORT; 0: none)",
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass
 
+from outbox.errors import OutboxError
 from outbox.sinks.base import Permanent, Transient, describe
 from outbox.states import FailureReason
 
@@ -47,3 +48,20 @@ def classify(exc: BaseException) -> Failure:
     if isinstance(exc, _PERMANENT_TYPES):
         return Failure(FailureReason.REJECTED, False, text)
     return Failure(FailureReason.UNKNOWN, True, text)
+
+
+def shown_detail(exc: BaseException) -> str | None:
+    """``ClassName: message`` when this library wrote the message (an ``OutboxError``, the
+    dispatcher's own timeout): those name the setting or path to fix and never a memory's
+    words, so a log line may carry them. None for another library's text, which may quote the
+    record it failed on."""
+    if isinstance(exc, OutboxError) or type(exc).__module__.startswith("outbox.dispatch."):
+        return describe(exc)
+    return None
+
+
+def first_line(exc: BaseException) -> str:
+    """``ClassName: first line`` of an error from the database or the dispatcher itself (whose
+    texts hold no memory: statements are logged without their parameters)."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

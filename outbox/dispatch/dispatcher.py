@@ -18,6 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from outbox.dispatch.batch_report import BatchReport
+from outbox.dispatch.classify import first_line
+from outbox.dispatch.heartbeat import HeartbeatThread
 from outbox.dispatch.retry import RetryPolicy
 from outbox.dispatch.worker import SinkProgress, SinkWorker
 from outbox.sinks.base import Sink
@@ -114,6 +117,20 @@ class Dispatcher:
         self.stop_event = threading.Event()
         self._wakes = {name: threading.Event() for name in self.workers}
         self._unsubscribe: Callable[[], None] | None = None
+        # Each batch's report goes to these (the metrics, when served) after its log line.
+        self.batch_observers: list[Callable[[BatchReport], object]] = []
+        self.last_batch_at: float | None = None
+
+    def batch_done(self, report: BatchReport) -> None:
+        """One line per batch (INFO, or WARNING with the first failure's cause), then the
+        observers; an observer's error never stops delivery."""
+        self.last_batch_at = time.time()
+        log.log(report.level, "%s", report.line())
+        for observe in self.batch_observers:
+            try:
+                observe(report)
+            except Exception as exc:
+                log.warning("batch observer failed: %s", exc.__class__.__name__)
 
     def wake(self) -> None:
         """Something was written: every sink's loop looks for work now, not at its next poll."""
@@ -138,7 +155,7 @@ class Dispatcher:
                 if worker.run_batch() == 0:
                     return
             except Exception as exc:
-                log.error("dispatcher for %s stopped: %s", worker.name, exc.__class__.__name__)
+                log.error("dispatcher for %s stopped: %s", worker.name, first_line(exc))
                 worker.progress.last_error = exc.__class__.__name__
                 return
 
@@ -169,7 +186,7 @@ class Dispatcher:
             try:
                 claimed = worker.run_batch()
             except Exception as exc:
-                log.error("batch for %s failed: %s", worker.name, exc.__class__.__name__)
+                log.error("batch for %s failed: %s", worker.name, first_line(exc))
                 claimed = 0
             if claimed:
                 continue
@@ -194,6 +211,8 @@ class Dispatcher:
         ]
         for thread in threads:
             thread.start()
+        heartbeat = HeartbeatThread(self)
+        heartbeat.start()
         retention = self.settings.retention
         while not self.stop_event.wait(min(30.0, max(1.0, retention / 10))):
             try:
@@ -203,6 +222,7 @@ class Dispatcher:
         self.wake()
         for thread in threads:
             thread.join(timeout=self.settings.sink_timeout + 5)
+        heartbeat.stop()
 
     def maintain(self) -> int:
         """Prune delivered rows past retention, run the chores, catch the mirrors up."""

@@ -11,9 +11,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from outbox.dispatch.batch_report import BatchReport
 from outbox.dispatch.classify import classify
 from outbox.record import Record
 from outbox.sinks.base import (
@@ -24,6 +25,7 @@ from outbox.sinks.base import (
     NotDelivered,
     Outcome,
     Sink,
+    describe,
 )
 from outbox.sinks.registry import adopt, load_sink
 from outbox.states import DeliveryOp
@@ -59,6 +61,7 @@ class SinkWorker:
         self._sink = adopt(sink, name) if sink is not None else None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self.progress = SinkProgress(name)
+        self.batch = BatchReport(name, 0)  # the batch under way, for its log line
 
     @property
     def sink(self) -> Sink:
@@ -133,12 +136,13 @@ class SinkWorker:
             log.error(
                 "sink %s cannot be loaded (%s); its rows stay pending",
                 self.name,
-                exc.__class__.__name__,
+                describe(exc),  # no record is involved yet: the text cannot quote one
             )
             return 0
         claims = d.storage.deliveries.claim(self.name, d.owner, d.batch_size, d.lease_seconds)
         if not claims:
             return 0
+        self.batch, before = BatchReport(self.name, len(claims)), replace(self.progress)
         deletes = [claim for claim in claims if claim.op == DeliveryOp.DELETE]
         if deletes:
             self._delete(deletes)
@@ -158,6 +162,10 @@ class SinkWorker:
         d.mirror_outcomes()
         if d.on_progress:
             d.on_progress(self.progress)
+        delivered, deleted = self.progress.delivered, self.progress.deleted
+        committed = {key: item.created_at for key, item in stored.items()}
+        self.batch.finish(delivered - before.delivered, deleted - before.deleted, committed)
+        d.batch_done(self.batch)
         return len(claims)
 
     def _deliver(self, live: list[Claim], batch: list[Record]) -> None:
@@ -202,6 +210,7 @@ class SinkWorker:
         for claim, outcome in zip(claims, outcomes, strict=True):
             if isinstance(outcome, Delivered) and outcome.sink_id:
                 delivered.append((claim.delivery_id, str(outcome.sink_id)))
+                self.batch.delivered_key(claim.key)
                 continue
             if isinstance(outcome, Deleted):
                 deleted.append(claim.delivery_id)
@@ -220,13 +229,17 @@ class SinkWorker:
             else:
                 self.progress.retried += 1
             self.progress.last_error = failure.reason
-            log.warning(
+            self.batch.failed(claim.key, failure, outcome, dead=next_at is None)
+            log.log(  # a retry is in the batch's line; a dead letter is the operator's to act on
+                logging.WARNING if next_at is None else logging.DEBUG,
                 "%s of %s to %s failed (%s)%s",
                 "delete" if claim.op == DeliveryOp.DELETE else "delivery",
                 claim.key[:12],
                 self.name,
                 failure.reason,
-                "; dead letter" if next_at is None else "; will retry",
+                f"; dead letter: `outbox dead show {claim.key[:12]}`, then retry or discard"
+                if next_at is None
+                else "; will retry",
             )
             log.debug("failure detail for %s: %s", claim.key[:12], failure.message)
         d.storage.deliveries.settle(
