@@ -205,6 +205,7 @@ def test_markdown_front_matter_gets_brainlayers_chunk_id(tmp_path: Path, bl: Bra
         receipt = ob.add(content, tags=["a: b", "- c"], importance=9)
         path = receipt.markdown_path
         assert path is not None
+        assert ob.wait_mirrored(10)  # the receipt names the file the mirror writer writes
         before = path.read_bytes()
         _, body_before = markdown.parse(before)
         assert body_before == content.encode("utf-8")
