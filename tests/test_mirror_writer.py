@@ -223,3 +223,56 @@ def test_wait_mirrored_with_nothing_queued_is_true_at_once(outbox: Outbox, timeo
     assert outbox.wait_mirrored(timeout) is True
     outbox.add("one memory")
     assert outbox.wait_mirrored(10) is True
+
+
+PROBE = """
+import sys, time
+from pathlib import Path
+from outbox.errors import MirrorBusy
+from outbox.mirror.lock import MirrorLock
+lock = MirrorLock(Path(sys.argv[1]))
+waits = []
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    tick = time.monotonic()
+    try:
+        with lock.hold(tick + 3.0):
+            waits.append(time.monotonic() - tick)
+    except MirrorBusy:
+        waits.append(-1.0)
+    time.sleep(0.05)
+print(" ".join(f"{wait:.4f}" for wait in waits))
+"""
+
+
+def test_threads_writing_back_to_back_still_let_another_process_in(outbox: Outbox) -> None:
+    """A process whose threads commit back to back keeps the flock for its queued mirror
+    writes; one waiting for it (a dispatcher mirroring outcomes, another writer) says so, and
+    gets it within its bound every time instead of timing out behind them."""
+    stop = threading.Event()
+
+    def work(number: int) -> None:
+        item = 0
+        while not stop.is_set():
+            outbox.add(f"thread {number} writes memory {item} back to back")
+            item += 1
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-c", PROBE, str(outbox.mirrors.lock.path), "3"],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    assert probe.returncode == 0, probe.stderr.decode()
+    waits = [float(wait) for wait in probe.stdout.split()]
+    assert len(waits) >= 5
+    assert -1.0 not in waits, waits  # never past its 3 s bound
+    assert outbox.wait_mirrored(10) and outbox.verify().ok

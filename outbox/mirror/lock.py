@@ -7,6 +7,12 @@ process's mirror writer, ``mirror/writer.py``), so the process keeps the ``flock
 they are written (``retain``/``release``): another process still never sees a committed
 record whose mirrors a live writer has yet to write, and a holder in this process other than
 a committing writer first waits for them.
+
+Kept that way, the flock could stay with a process whose threads commit back to back. So a
+process waiting for it says so, with a shared lock on ``<jsonl>.lock.want``, and polls often;
+a process keeping the flock for its queued mirror writes checks that file before its next
+commit and, when someone waits, lets its mirror writes finish, gives the flock up and waits
+(briefly) for the waiters to have had their turn.
 """
 
 from __future__ import annotations
@@ -22,6 +28,11 @@ from pathlib import Path
 from outbox.errors import MirrorBusy
 from outbox.folders import ensure_private_dir
 from outbox.safe_files import open_file
+
+# How long a process that gave the flock up waits for the waiters to take their turn.
+YIELD_SECONDS = 0.05
+# A waiter's longest pause between tries once it has said it waits.
+WAITING_PAUSE = 0.001
 
 
 class MirrorLock:
@@ -39,12 +50,19 @@ class MirrorLock:
         self._inside = False  # a thread holds the lock
         self._flocked = False  # this process holds the flock
         self._fd: int | None = None
+        self._want_fd: int | None = None
 
     def _open(self) -> int:
         if self._fd is None:
             ensure_private_dir(self.path.parent)
             self._fd = open_file(self.path, os.O_RDWR | os.O_CREAT, what="mirror lock")
         return self._fd
+
+    def _want(self) -> int:
+        if self._want_fd is None:
+            want = self.path.with_name(self.path.name + ".want")
+            self._want_fd = open_file(want, os.O_RDWR | os.O_CREAT, what="mirror lock")
+        return self._want_fd
 
     @contextlib.contextmanager
     def hold(self, deadline: float | None = None, *, exclusive: bool = True) -> Iterator[None]:
@@ -58,12 +76,15 @@ class MirrorLock:
             raise MirrorBusy("another thread held the mirror lock past the write's time bound")
         try:
             with self._state:
+                handing_over = not exclusive and self._flocked and self._others_wait()
+                if handing_over:  # our mirror writes finish first; release() then unlocks
+                    self._wait_written(deadline)
                 self._inside = True
-                if exclusive and not self._state.wait_for(
-                    lambda: self._retained == 0, _left(deadline)
-                ):
-                    raise MirrorBusy("mirror writes still pending past the time bound")
+                if exclusive:
+                    self._wait_written(deadline)
                 flocked = self._flocked
+            if handing_over:
+                self._let_waiters_in(deadline)
             if not flocked:
                 self._take_flock(deadline)
             yield
@@ -73,22 +94,64 @@ class MirrorLock:
                 self._unlock_if_idle()
             self._thread_lock.release()
 
+    def _wait_written(self, deadline: float | None) -> None:
+        """Wait (``_state`` held) until the mirror writes this process retained are done."""
+        if not self._state.wait_for(lambda: self._retained == 0, _left(deadline)):
+            raise MirrorBusy("mirror writes still pending past the time bound")
+
+    def _others_wait(self) -> bool:
+        """Whether another process (or another lock on this file) waits for the flock."""
+        want = self._want()
+        try:
+            fcntl.flock(want, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(want, fcntl.LOCK_UN)
+        return False
+
+    def _let_waiters_in(self, deadline: float | None) -> None:
+        """After giving the flock up, wait until the waiters took it (their shared locks on
+        the want file are gone), for ``YIELD_SECONDS`` at most."""
+        until = time.monotonic() + YIELD_SECONDS
+        if deadline is not None:
+            until = min(until, deadline)
+        while self._others_wait() and time.monotonic() < until:
+            time.sleep(WAITING_PAUSE / 2)
+
     def _take_flock(self, deadline: float | None) -> None:
         fd = self._open()
-        pause = 0.0005
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if deadline is not None and time.monotonic() + pause > deadline:
-                    raise MirrorBusy(
-                        "another process held the mirror lock past the write's time bound"
-                    ) from None
-                time.sleep(pause)
-                pause = min(pause * 2, 0.02)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._wait_for_flock(fd, deadline)
         with self._state:
             self._flocked = True
+
+    def _wait_for_flock(self, fd: int, deadline: float | None) -> None:
+        """Poll for the flock, saying meanwhile (a shared lock on the want file) that this
+        process waits, so a process keeping it for queued mirror writes hands it over."""
+        want = self._want()
+        wanting = False
+        pause = 0.0005
+        try:
+            while True:
+                if not wanting:
+                    with contextlib.suppress(BlockingIOError):  # a holder is checking: retry
+                        fcntl.flock(want, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                        wanting = True
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return
+                except BlockingIOError:
+                    if deadline is not None and time.monotonic() + pause > deadline:
+                        raise MirrorBusy(
+                            "another process held the mirror lock past the write's time bound"
+                        ) from None
+                    time.sleep(pause)
+                    pause = min(pause * 2, WAITING_PAUSE if wanting else 0.02)
+        finally:
+            if wanting:
+                fcntl.flock(want, fcntl.LOCK_UN)
 
     def _unlock_if_idle(self) -> None:
         """Give the flock back once nobody holds the lock and nothing is retained (call
@@ -125,6 +188,9 @@ class MirrorLock:
             os.close(self._fd)
             self._fd = None
             self._flocked = False
+        if self._want_fd is not None:
+            os.close(self._want_fd)
+            self._want_fd = None
 
 
 def _left(deadline: float | None) -> float | None:
