@@ -122,6 +122,18 @@ def summarize(samples: list[float], wall: float, per_call: int = 1) -> dict[str,
     }
 
 
+def lag_summary(lags: list[float]) -> dict[str, float]:
+    """Commit-to-mirrors lag per record (seconds in), as median, p99 and max in ms."""
+    if not lags:
+        return {"records": 0, "median_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
+    return {
+        "records": len(lags),
+        "median_ms": statistics.median(lags) * 1000,
+        "p99_ms": percentile(lags, 0.99) * 1000,
+        "max_ms": max(lags) * 1000,
+    }
+
+
 def time_calls(
     call: Callable[[int], object], count: int, *, start: int = 0, pace: float | None = None
 ) -> tuple[list[float], float]:

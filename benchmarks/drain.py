@@ -21,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from benchmarks.common import memories, open_outbox, outbox_environ
+from benchmarks.common import lag_summary, memories, open_outbox, outbox_environ
 from outbox import Settings
 from outbox.record import Record, build_record
 from outbox.sinks.base import Sink
@@ -235,9 +235,9 @@ class _Writer:
         hold = lock.hold
 
         @contextlib.contextmanager
-        def timed_hold(deadline: float | None = None) -> Iterator[None]:
+        def timed_hold(deadline: float | None = None, **options: Any) -> Iterator[None]:
             tick = time.perf_counter()
-            with hold(deadline):
+            with hold(deadline, **options):
                 self.lock_waits.append(time.perf_counter() - tick)
                 yield
 
@@ -282,6 +282,8 @@ def backfill_run(
     for number in range(20):  # warm-up, untimed
         writer.add(-1 - number)
     writer.take()
+    writer.outbox.wait_mirrored()
+    lags_before = len(writer.outbox.mirrors.writer.lags())
     number = 0
     while number < idle_calls:
         writer.add(number)
@@ -289,6 +291,8 @@ def backfill_run(
         time.sleep(pace)
     idle, idle_waits = writer.take()
     idle_errors, idle_fallbacks = writer.errors, writer.fallbacks
+    writer.outbox.wait_mirrored()
+    lags_idle = len(writer.outbox.mirrors.writer.lags())
     with Dispatchers(settings, 1, log_dir) as running:
         deadline = time.monotonic() + timeout
         while True:
@@ -302,6 +306,8 @@ def backfill_run(
                     raise TimeoutError(f"the backfill of {records} records did not finish")
             time.sleep(pace)
         busy, busy_waits = writer.take()
+    writer.outbox.wait_mirrored()
+    lags = writer.outbox.mirrors.writer.lags()
     writer.outbox.close()
     times = delivered_times(settings, sink)
     return {
@@ -312,6 +318,8 @@ def backfill_run(
         "busy_samples": busy,
         "idle_lock_waits": idle_waits,
         "busy_lock_waits": busy_waits,
+        "idle_mirror_lag": lag_summary(lags[lags_before:lags_idle]),
+        "busy_mirror_lag": lag_summary(lags[lags_idle:]),
         "idle_errors": idle_errors,
         "idle_fallbacks": idle_fallbacks,
         "errors": writer.errors - idle_errors,
