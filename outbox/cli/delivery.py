@@ -56,7 +56,9 @@ def _drain_text(report: DrainReport) -> str:
     for sink, progress in report.sinks.items():
         left = report.remaining.get(sink, {})
         lines.append(
-            f"{sink}: delivered {progress.delivered}; now pending {left.get('pending', 0)}, "
+            f"{sink}: delivered {progress.delivered}"
+            + (f", deleted {progress.deleted}" if progress.deleted else "")
+            + f"; now pending {left.get('pending', 0)}, "
             f"leased {left.get('leased', 0)}, dead {left.get('dead', 0)}"
         )
     lines.append("all delivered" if report.ok else "some records are still pending or dead")
@@ -74,7 +76,9 @@ def _source(ob: Outbox) -> str:
 def _totals(progress: dict[str, SinkProgress]) -> str:
     """What each sink did, for the last log line."""
     return "; ".join(
-        f"{sink}: delivered {p.delivered}, retried {p.retried}, dead {p.dead}"
+        f"{sink}: delivered {p.delivered}"
+        + (f", deleted {p.deleted}" if p.deleted else "")
+        + f", retried {p.retried}, dead {p.dead}"
         for sink, p in progress.items()
     )
 

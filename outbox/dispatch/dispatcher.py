@@ -65,6 +65,7 @@ class DrainReport:
             "sinks": {
                 name: {
                     "delivered": p.delivered,
+                    "deleted": p.deleted,
                     "retried": p.retried,
                     "dead": p.dead,
                     "batches": p.batches,
