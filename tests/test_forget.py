@@ -81,9 +81,8 @@ def test_forget_through_the_cli_reaches_every_copy(tmp_path: Path) -> None:
     assert answer["database_purged"] is True
     assert holding(outbox_files(home, md, skip=(home / "chroma",)), WORDS) == []
 
-    assert (
-        run_cli(["drain", "--timeout", "300"], cwd=tmp_path, env=env, timeout=400).returncode == 0
-    )
+    drained = run_cli(["drain", "--timeout", "300"], cwd=tmp_path, env=env, timeout=400)
+    assert drained.returncode == 0 and drained.stdout.count(b"deleted 1") == 2, drained.stdout
     settings = load_settings(env=env, home=home)
     chroma = ChromaSink.from_settings(settings)
     try:
