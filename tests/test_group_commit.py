@@ -264,3 +264,30 @@ def test_a_name_taken_by_a_fallback_file_during_the_commit_moves_the_record(ob: 
     (line,) = [json.loads(raw) for raw in ob.settings.jsonl_path.read_text().splitlines()]
     assert line["markdown"] == moved.name
     assert ob.verify().ok
+
+
+def test_a_group_is_written_with_one_statement_per_table(ob: Outbox) -> None:
+    """The leader looks the whole group up at once and inserts its records in one
+    statement (the other tables' rows in one prepared statement each), so a group costs
+    about what one record costs in statements."""
+    statements: list[str] = []
+    ob.add("opens the writer's connection before the trace is set")
+    gate = Gate(ob, queued(ob, 6))
+    assert ob.writer._connection is not None
+    driver = ob.writer._connection.connection.driver_connection
+    assert driver is not None
+    driver.set_trace_callback(statements.append)
+    try:
+        receipts = add_in_threads(ob, [{"content": f"grouped memory {n}"} for n in range(7)])
+    finally:
+        driver.set_trace_callback(None)
+    assert gate.commits == 2  # the first alone, then the six that queued behind it together
+    assert not any(r.duplicate for r in receipts)
+
+    def count(prefix: str) -> int:
+        return sum(1 for sql in statements if sql.lstrip().startswith(prefix))
+
+    assert count('SELECT "key", markdown_name FROM records') == 2  # one lookup per group
+    assert count("INSERT INTO records (") == 2  # one multi-row insert per group
+    assert ob.storage.records.count_records() == 8
+    assert ob.wait_mirrored(10) and ob.verify().ok
