@@ -11,6 +11,7 @@ process (a drain mirroring a delivery) sees a commit without its files.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import pytest
 
 from benchmarks.common import percentile
 from outbox import Outbox, Settings
+from outbox.mirror.writer import _flush_at_exit as flush_at_exit
 from tests.helpers.checks import accepted_counts, chain_ok, files_by_key, front_matter, jsonl_events
 from tests.helpers.subproc import child_env, run_cli
 
@@ -276,3 +278,22 @@ def test_threads_writing_back_to_back_still_let_another_process_in(outbox: Outbo
     assert len(waits) >= 5
     assert -1.0 not in waits, waits  # never past its 3 s bound
     assert outbox.wait_mirrored(10) and outbox.verify().ok
+
+
+def test_a_forked_child_does_not_wait_for_its_parents_queue(outbox: Outbox) -> None:
+    """A child forked while mirror writes are queued has a copy of the queue but no writer
+    thread: those records are the parent's to mirror, so neither ``wait_mirrored`` nor the
+    child's exit waits for them (or writes them a second time)."""
+    with gated(outbox) as gate:
+        receipt = outbox.add("a memory queued when the process forks")
+        pid = os.fork()
+        if pid == 0:  # the child: SIGALRM ends it if it hangs
+            signal.alarm(10)
+            nothing_of_its_own = outbox.wait_mirrored(None)
+            flush_at_exit()
+            os._exit(3 if nothing_of_its_own else 4)
+        _, status = os.waitpid(pid, 0)
+        gate.set()
+    assert os.waitstatus_to_exitcode(status) == 3
+    assert outbox.wait_mirrored(10)
+    assert accepted_counts(outbox.settings.jsonl_path)[receipt.key] == 1

@@ -178,6 +178,14 @@ class MirrorLock:
                 self._state.notify_all()
                 self._unlock_if_idle()
 
+    def forget_after_fork(self) -> None:
+        """In a forked child: the parent's queued mirror writes are not the child's to wait
+        for, and a lock a vanished thread held would never be released."""
+        self._thread_lock = threading.Lock()
+        self._state = threading.Condition()
+        self._retained = 0
+        self._inside = False
+
     @property
     def retained(self) -> int:
         """Records committed by this process whose mirrors are not written yet."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import collections
 import logging
+import os
 import threading
 import time
 import weakref
@@ -112,6 +113,15 @@ class MirrorWriter(Generic[Item]):
         with self._ready:
             return self._ready.wait_for(lambda: self.pending == 0, timeout)
 
+    def _forget_after_fork(self) -> None:
+        """In a forked child: the queue is the parent's to write (its records are the
+        parent's commits), and the locks may have been held by threads the child lacks."""
+        self._ready = threading.Condition()
+        self._queue.clear()
+        self._queued = self._busy = 0
+        self._thread = None
+        self._lock.forget_after_fork()
+
     def lags(self) -> list[float]:
         """Seconds from commit to written mirrors, per record, for the recent records."""
         return list(self._lags)
@@ -130,6 +140,14 @@ class MirrorWriter(Generic[Item]):
 
 
 _live: weakref.WeakSet[MirrorWriter[Any]] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for writer in list(_live):
+        writer._forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @atexit.register
