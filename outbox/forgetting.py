@@ -87,12 +87,17 @@ class Forgetter:
             # The exclusive mirror lock waits for this process's queued mirror writes, so
             # the record's own line and file exist before the redaction looks for them.
             with self.mirrors.hold():
-                Redactor(
+                redactor = Redactor(
                     self.storage,
                     self.mirrors.jsonl,
                     self.mirrors.markdown_dir,
                     self.mirrors.mirror_id,
-                ).run()
+                )
+                item = None if plan.already else self.storage.records.get_record(key)
+                if item is not None and item.origin == self.mirrors.mirror_id:
+                    redactor.finish(item, resumed=False)  # its own mirrors: at once
+                    self.storage.forgetting.mirrors_done([key])
+                redactor.run()  # any forget a crash left unfinished
         except OSError as exc:  # committed: the next repair finishes the mirrors
             log.warning(
                 "record %s forgotten; its mirrors are finished at the next open (%s)",

@@ -354,3 +354,30 @@ def test_forget_on_postgresql(tmp_path: Path, pg_url: str) -> None:
         assert ob.verify().ok
         found = ob.lexical_matches("marmalade", limit=5)
         assert key not in [hit for hit, _ in found.hits]
+
+
+def test_forgets_find_their_line_anywhere_in_a_long_log(tmp_path: Path) -> None:
+    """The accepted line is found by halving the log on seq, and by a full search when a
+    repair appended it out of order (its line lost, then restored at the end)."""
+    settings = load_settings(env={}, home=tmp_path / ".outbox", sinks=FAULTY)
+    texts = [f"{OTHERS[number % 3]} entry {number} " + "padding " * 40 for number in range(600)]
+    with Outbox.open(settings) as ob:
+        keys = [receipt.key for receipt in ob.add_many(texts)]
+        assert ob.wait_mirrored(30)
+    log = tmp_path / ".outbox" / "outbox.jsonl"
+    assert log.stat().st_size > 4 * 65_536
+    # The line of one record near the start is lost; the next open appends it at the end.
+    moved = keys[3]
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(b"".join(line for line in lines if moved.encode() not in line))
+    chosen = [keys[0], keys[299], keys[300], keys[-1], moved, *random.Random(3).sample(keys, 8)]
+    with Outbox.open(settings) as ob:
+        for key in dict.fromkeys(chosen):
+            ob.forget(key)
+    events = [json.loads(line) for line in log.read_bytes().splitlines()]
+    for key in dict.fromkeys(chosen):
+        (accepted,) = [e for e in events if e["key"] == key and e["event"] == "accepted"]
+        assert accepted["content"] == "" and accepted["markdown"] == ""
+    with Outbox.open(settings, repair=False) as ob:
+        report = ob.verify()
+    assert not any("does not match its key" in p or "differ" in p for p in report.problems)

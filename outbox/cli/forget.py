@@ -20,12 +20,13 @@ def cmd_forget(args: argparse.Namespace) -> int:
             receipt = ob.forget(args.key)
         except NoSuchRecord as exc:
             return fail(str(exc), EXIT_FAILED)
+        if not args.json:  # the answer first: the purge takes longer on a big store
+            print(receipt.text, flush=True)
         purged = ob.forgetter.purge()
-    payload = {**receipt.to_dict(), "database_purged": purged.complete}
-    text = receipt.text
-    if not purged.complete:
-        text += "\n(the database's write-ahead log is in use; its old copy goes at the next purge)"
-    emit(args, payload, text)
+    if args.json:
+        emit(args, {**receipt.to_dict(), "database_purged": purged.complete}, receipt.text)
+    elif not purged.complete:
+        print("(the database's write-ahead log is in use; its old copy goes at the next purge)")
     return EXIT_OK
 
 

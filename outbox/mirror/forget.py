@@ -68,9 +68,10 @@ class _Found:
     forgotten: bool
 
 
-def _find(path: Path, key: str) -> _Found:
-    """The record's accepted line and whether a forgotten line follows, searched from the
-    end (a forget is most often of something recent)."""
+def _find(path: Path, key: str, seq: int, *, resumed: bool) -> _Found:
+    """The record's accepted line, and (``resumed``: a forget a crash interrupted) whether
+    its forgotten line is already written. A fresh forget has none, so only a resumed one
+    pays for a search through the whole log."""
     try:
         fd = open_file(path, os.O_RDONLY, what="JSONL log")
     except FileNotFoundError:
@@ -80,15 +81,51 @@ def _find(path: Path, key: str) -> _Found:
         if size == 0:
             return _Found(None, False)
         with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as data:
-            forgotten = _line_at(data, _needle(MirrorEvent.FORGOTTEN, key)) is not None
-            return _Found(_line_at(data, _needle(MirrorEvent.ACCEPTED, key)), forgotten)
+            needle = _needle(MirrorEvent.ACCEPTED, key)
+            accepted = _by_seq(data, needle, seq) or _line_at(data, needle, 0, size)
+            forgotten = resumed and _line_at(data, _needle(MirrorEvent.FORGOTTEN, key), 0, size)
+            return _Found(accepted, bool(forgotten))
     finally:
         os.close(fd)
 
 
-def _line_at(data: mmap.mmap, needle: bytes) -> tuple[int, bytes] | None:
-    end = len(data)
-    while (at := data.rfind(needle, 0, end)) >= 0:
+_ACCEPTED_START = b'\n{"event":"accepted",'
+_WINDOW = 65_536  # below this, a plain search beats more halving
+
+
+def _by_seq(data: mmap.mmap, needle: bytes, seq: int) -> tuple[int, bytes] | None:
+    """Halve the log by the ``seq`` of its accepted lines, which a machine writes in commit
+    order, then search the last window: a few reads however long the log. A line written out
+    of order (restored by a repair) is not found here; the caller then searches everything."""
+    low, high = 0, len(data)
+    while high - low > _WINDOW:
+        middle = (low + high) // 2
+        start = data.find(_ACCEPTED_START, middle, high)
+        if start < 0:
+            high = middle
+            continue
+        stop = data.find(b"\n", start + 1)
+        if stop < 0:
+            high = middle
+            continue
+        try:
+            found = json.loads(data[start + 1 : stop]).get("seq")
+        except ValueError:
+            return None
+        if not isinstance(found, int):
+            return None
+        if found == seq:
+            return _line_at(data, needle, start, stop + 1)
+        if found < seq:
+            low = stop
+        else:
+            high = start + 1
+    return _line_at(data, needle, max(0, low - 1), high)
+
+
+def _line_at(data: mmap.mmap, needle: bytes, begin: int, end: int) -> tuple[int, bytes] | None:
+    """The last whole line in ``data[begin:end]`` that starts with ``needle``."""
+    while (at := data.rfind(needle, begin, end)) >= 0:
         if at == 0 or data[at - 1 : at] == b"\n":
             stop = data.find(b"\n", at)
             if stop < 0:
@@ -108,20 +145,22 @@ class Redactor:
         self.mirror_id = mirror_id
 
     def run(self) -> int:
-        """Finish every forget whose mirrors are still due; returns how many."""
+        """Finish every forget whose mirrors are still due (a crash cut them off); returns
+        how many."""
         done = 0
         while due := self.storage.forgetting.mirrors_due(self.mirror_id):
             for item in due:
-                self.finish(item)
+                self.finish(item, resumed=True)
             self.storage.forgetting.mirrors_done([item.record.key for item in due])
             done += len(due)
         return done
 
-    def finish(self, item: StoredRecord) -> None:
-        """Redact ``item``'s log line and delete its markdown file (caller holds the lock)."""
+    def finish(self, item: StoredRecord, *, resumed: bool) -> None:
+        """Redact ``item``'s log line and delete its markdown file (caller holds the lock).
+        ``resumed``: an earlier attempt may have written the forgotten line already."""
         key = item.record.key
         self.jsonl.repair_tail()
-        found = _find(self.jsonl.path, key)
+        found = _find(self.jsonl.path, key, item.seq, resumed=resumed)
         if found.accepted is None:
             # Forgotten before its line was written (a crash in between): the line it gets
             # holds nothing to redact, and the forgotten line records its own hash.
