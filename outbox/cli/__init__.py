@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from outbox.cli import delivery, forget, memory, records, reindex, status, ui, writes
+from outbox.cli import delivery, forget, memory, rebuild, records, reindex, status, ui, writes
 from outbox.cli.common import (
     EXIT_FAILED,
     EXIT_INVALID,
@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     records.register(command)
     forget.register(command)
     reindex.register(command)
+    rebuild.register(command)
     ui.register(command)
     return parser
 

@@ -19,6 +19,7 @@ from outbox.store.locations import LocationStore
 from outbox.store.mirror_state import MirrorStateStore
 from outbox.store.recall import RecallQueries
 from outbox.store.records import RecordStore
+from outbox.store.restore import OutcomeRestore
 
 
 class Storage:
@@ -35,6 +36,7 @@ class Storage:
         self.recall = RecallQueries(self.reader)
         self.browse = BrowseQueries(self.reader)  # the dashboard's reads
         self.locations = LocationStore(self.engine, self.reader)  # where the mirrors live
+        self.restore = OutcomeRestore()  # outbox rebuild: outcomes the log recorded
         self.heartbeats = HeartbeatStore(self.engine, self.reader)  # which dispatchers live
 
     def integrity_problems(self) -> list[str]:

@@ -1,0 +1,94 @@
+"""``outbox rebuild``: recreate a lost or corrupt database from the JSONL log, the markdown
+files and the fallback queue. Long-running: each phase's progress goes to stderr; a run that
+is killed can simply be run again."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from outbox.cli.common import EXIT_OK, AddCommand, emit
+
+if TYPE_CHECKING:
+    from outbox.rebuild import RebuildReport
+
+# Seconds between progress lines when stderr is not a terminal (a log keeps them all).
+_LINE_EVERY = 2.0
+
+
+class _Progress:
+    """Phase and count: one rewritten line on a terminal, a line every few seconds else."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.last = 0.0
+        self.phase = ""
+
+    def __call__(self, phase: str, done: int, total: int | None) -> None:
+        now = time.monotonic()
+        changed = phase != self.phase
+        final = total is not None and done >= total
+        if not self.tty and not (changed or final) and now - self.last < _LINE_EVERY:
+            return
+        if self.tty and changed and self.phase:
+            sys.stderr.write("\n")
+        self.phase, self.last = phase, now
+        count = f"{done}/{total}" if total else (str(done) if done else "")
+        text = f"rebuild: {phase} {count}".rstrip()
+        sys.stderr.write(f"\r{text}\033[K" if self.tty else f"{text}\n")
+        sys.stderr.flush()
+
+    def finish(self) -> None:
+        if self.tty and self.phase:
+            sys.stderr.write("\n")
+
+
+def _text(report: RebuildReport) -> str:
+    lines = [
+        f"rebuilt {report.database}: {report.restored} records back "
+        f"({report.from_log} from the log, {report.from_markdown} only in markdown files), "
+        f"{report.already_there} already there",
+        f"deliveries the log recorded: {report.delivered} delivered, {report.dead} dead, "
+        f"{report.discarded} discarded; {report.pending} pending (a sink takes a repeat by key)",
+        f"mirrors: {report.lines_appended} log lines appended, "
+        f"{report.files_written} markdown files written",
+    ]
+    if report.forgotten_left_out:
+        lines.append(f"forgotten records left out: {report.forgotten_left_out}")
+    if report.unkeyed_files:
+        lines.append(
+            f"markdown files without a key left for `outbox replay`: {report.unkeyed_files}"
+        )
+    lines += [f"moved aside: {path}" for path in report.moved_aside]
+    lines += [f"problem: {problem}" for problem in report.problems]
+    resumed = ", resuming an unfinished run" if report.resumed else ""
+    lines.append(f"done in {report.seconds:.1f}s{resumed}; `outbox verify` checks the result")
+    return "\n".join(lines)
+
+
+def cmd_rebuild(args: argparse.Namespace) -> int:
+    from outbox.config import load_settings
+    from outbox.rebuild import rebuild
+
+    progress = _Progress()
+    try:
+        report = rebuild(load_settings(), merge=args.merge, progress=progress)
+    finally:
+        progress.finish()
+    emit(args, report.to_dict(), _text(report))
+    return EXIT_OK
+
+
+def register(command: AddCommand) -> None:
+    rebuild = command(
+        "rebuild",
+        cmd_rebuild,
+        "recreate a lost or corrupt database from the JSONL log, markdown files and fallback queue",
+    )
+    rebuild.add_argument(
+        "--merge",
+        action="store_true",
+        help="the database is readable and holds records: add only what it lacks",
+    )
