@@ -165,16 +165,21 @@ class Evidence:
     outcomes: dict[str, dict[str, KnownOutcome]] = field(default_factory=dict)
     forgotten: set[str] = field(default_factory=set)
     log_names: set[str] = field(default_factory=set)
-    problems: list[str] = field(default_factory=list)
+    noted: list[tuple[str | None, str]] = field(default_factory=list)  # (key, problem)
     lines: int = 0
     files_read: int = 0
     unkeyed_files: int = 0
 
-    def problem(self, text: str) -> None:
-        if len(self.problems) < MAX_PROBLEMS:
-            self.problems.append(text)
-        elif len(self.problems) == MAX_PROBLEMS:
-            self.problems.append("… more problems not listed")
+    def problem(self, text: str, key: str | None = None) -> None:
+        self.noted.append((key, text))
+
+    @property
+    def problems(self) -> list[str]:
+        """What could not be used, except lines of forgotten records (a forget blanks its
+        record's line, so it no longer gives its key, on purpose), the first ones first."""
+        texts = [text for key, text in self.noted if key is None or key not in self.forgotten]
+        more = ["… more problems not listed"] if len(texts) > MAX_PROBLEMS else []
+        return texts[:MAX_PROBLEMS] + more
 
     def add_line(self, number: int, event: Mapping[str, Any]) -> None:
         """One log line, in order: a record, an outcome (the last one per sink wins), a forget."""
@@ -186,7 +191,11 @@ class Evidence:
             try:
                 found = record_from_line(event, self.default_sinks)
             except Unusable as exc:
-                self.problem(f"log line {number}: {exc}; looked for its record in the files")
+                key = event.get("key")
+                self.problem(
+                    f"log line {number}: {exc}; looked for its record in the files",
+                    key if isinstance(key, str) else None,
+                )
                 return
             if found.record.key not in self.found:
                 self.found[found.record.key] = found

@@ -9,7 +9,6 @@ and the records and every sink's state (with its id) are what they were.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -289,18 +288,20 @@ def test_a_write_during_a_rebuild_falls_back_and_comes_in_after(settings: Settin
 
 
 def test_a_forgotten_record_does_not_come_back(store: Settings) -> None:
-    """A key with a ``forgotten`` line after its accepted line is left out, and counted."""
+    """``outbox forget`` blanks the record's log line and appends a ``forgotten`` line: the
+    rebuild leaves that key out, counts it, and lists no problem for the blanked line."""
     forgotten = next(e for e in jsonl_events(store.jsonl_path) if e["event"] == "accepted")
-    last = store.jsonl_path.read_bytes().splitlines()[-1]
-    line = {"event": "forgotten", "key": forgotten["key"], "prev": hashlib.sha256(last).hexdigest()}
-    with store.jsonl_path.open("ab") as log:
-        log.write(json.dumps(line).encode("utf-8") + b"\n")
-    _lose(store)
-    done = _cli(store, "rebuild")
+    done = _cli(store, "forget", forgotten["key"][:12])
     assert done.returncode == 0, done.stderr
-    assert "forgotten records left out: 1" in done.stdout.decode("utf-8")
+    _lose(store)
+    report = _json(store, "rebuild")
+    assert (report["forgotten_left_out"], report["restored"]) == (1, 8)
+    assert report["problems"] == []
     assert forgotten["key"] not in _state(store)
-    assert len(_state(store)) == 8
+    files = [store.home / name for name in ("outbox.db", "outbox.db-wal")]
+    database = b"".join(path.read_bytes() for path in files if path.exists())
+    assert b"decision 2: keep the audit trail" in database  # the search can find words...
+    assert forgotten["content"].encode("utf-8") not in database  # ...and these are gone
 
 
 @pytest.fixture
