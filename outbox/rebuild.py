@@ -163,6 +163,12 @@ class Rebuilder:
         settings = self.settings
         database = _sqlite_file(settings)
         check_store(settings, database)
+        if not (settings.jsonl_path.exists() or _holds_markdown(settings.markdown_dir)):
+            raise RebuildRefused(
+                f"nothing to rebuild from: no JSONL log at {settings.jsonl_path} and no "
+                f"markdown files in {settings.markdown_dir} (check OUTBOX_HOME, "
+                "OUTBOX_JSONL_PATH and OUTBOX_MARKDOWN_DIR)"
+            )
         ensure_private_dir(settings.home)
         with _only_rebuild(settings.home):
             marker = _Marker(settings.home / MARKER_NAME)
@@ -372,6 +378,14 @@ def _mend_files(storage: Storage, folder: Path, found: list[Found], problems: li
         except OSError as exc:
             problems.append(f"record {record.key[:12]}: its file not written ({exc.strerror})")
     return written
+
+
+def _holds_markdown(folder: Path) -> bool:
+    try:
+        with os.scandir(folder) as entries:
+            return any(entry.name.endswith(".md") for entry in entries)
+    except OSError:
+        return False
 
 
 def _sqlite_file(settings: Settings) -> Path | None:

@@ -341,6 +341,14 @@ def test_postgres_rebuilds_into_a_new_database(pg_store: tuple[Settings, str]) -
     assert refused.returncode == 1 and b"--merge" in refused.stderr
 
 
+def test_nothing_to_rebuild_from_is_an_error_that_creates_nothing(tmp_path: Path) -> None:
+    done = run_cli(["rebuild"], cwd=tmp_path, env=child_env())
+    assert done.returncode == 1
+    (line,) = done.stderr.decode("utf-8").splitlines()
+    assert "nothing to rebuild from" in line and str(tmp_path / ".outbox" / "outbox.jsonl") in line
+    assert list(tmp_path.iterdir()) == []  # no store made out of nothing
+
+
 def test_evidence_trusts_a_line_only_when_its_content_gives_its_key() -> None:
     """Pure: an edited line is no evidence (its key is looked for in the files); the last
     outcome per sink wins; a delivery without the sink's id proves nothing."""
