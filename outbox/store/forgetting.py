@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, delete, func, insert, select, update
+from sqlalchemy import Connection, Engine, delete, func, insert, literal_column, select, update
 
 from outbox.states import DeliveryOp, DeliveryState
 from outbox.store.records import StoredRecord, row_to_record
@@ -23,6 +23,9 @@ from outbox.store.schema import deliveries, graph_edges, graph_nodes, records
 # records.redaction_pending: what a forget still owes.
 MIRRORS_DUE = 1  # the log line is not redacted yet, or the markdown file not deleted
 PURGE_DUE = 2  # the database may still hold old copies (search index segments, WAL frames)
+# The partial index's own condition, spelled out with a literal 0 (not a bound parameter):
+# SQLite uses a partial index only for a query that repeats its WHERE term as written.
+_OWING = records.c.redaction_pending > literal_column("0")
 
 
 @dataclass(frozen=True)
@@ -145,15 +148,28 @@ class ForgetStore:
     # -- what forgets still owe -------------------------------------------------------------
 
     def mirrors_due(self, origin: str, limit: int = 500) -> list[StoredRecord]:
-        """``origin``'s forgotten records whose log line or file is not yet dealt with."""
+        """``origin``'s forgotten records whose log line or file is not yet dealt with.
+
+        Read through the small partial index in seq order, with the origin tested here: a
+        condition on ``origin`` in SQL makes SQLite pick the origin index instead, which
+        holds every record of this machine.
+        """
+        found: list[StoredRecord] = []
+        last = 0
         with self.reader.connect() as conn:
-            rows = conn.execute(
-                select(records)
-                .where(records.c.redaction_pending == MIRRORS_DUE, records.c.origin == origin)
-                .order_by(records.c.seq)
-                .limit(limit)
-            ).all()
-        return [row_to_record(row) for row in rows]
+            while len(found) < limit:
+                rows = conn.execute(
+                    select(records)
+                    .where(_OWING, records.c.redaction_pending == MIRRORS_DUE)
+                    .where(records.c.seq > last)
+                    .order_by(records.c.seq)
+                    .limit(limit)
+                ).all()
+                if not rows:
+                    break
+                found.extend(row_to_record(row) for row in rows if row.origin == origin)
+                last = rows[-1].seq
+        return found[:limit]
 
     def mirrors_done(self, keys: Sequence[str]) -> None:
         """The forgets' mirrors are done: the file name (words of the content) goes too."""
@@ -175,7 +191,7 @@ class ForgetStore:
                 conn.execute(
                     select(func.count())
                     .select_from(records)
-                    .where(records.c.redaction_pending == PURGE_DUE)
+                    .where(_OWING, records.c.redaction_pending == PURGE_DUE)
                 ).scalar_one()
             )
 
@@ -189,7 +205,7 @@ class ForgetStore:
         with self.reader.connect() as conn:
             keys = list(
                 conn.execute(
-                    select(records.c.key).where(records.c.redaction_pending == PURGE_DUE)
+                    select(records.c.key).where(_OWING, records.c.redaction_pending == PURGE_DUE)
                 ).scalars()
             )
         if not keys:
