@@ -22,10 +22,12 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from outbox.api import Outbox
 from outbox.config import Settings
+from outbox.keys import parse_instant
 from outbox.recall import (
     MIN_RELEVANCE,
     Candidate,
@@ -36,7 +38,9 @@ from outbox.recall import (
     fuse,
     relevant,
     with_context,
+    with_dates,
 )
+from outbox.recall_dates import DateWindow, named_dates
 from outbox.receipt import Receipt
 from outbox.record import check_content
 from outbox.states import BuiltinSink, ReceiptStatus
@@ -50,8 +54,9 @@ PROMPT, THOUGHT, RESPONSE = "User Prompt: ", "\nAgent Thought: ", "\nAgent Respo
 VECTOR_SINK = BuiltinSink.CHROMA
 MAX_LIMIT = 100
 # How many hits each leg hands to the fusion, at least: room below the top for the other
-# leg's evidence to lift a memory.
-LEG_DEPTH = 20
+# leg's evidence to lift a memory. The vector leg goes deeper: its distances stay telling
+# further down than bm25's ranks, and a deeper read costs Chroma little.
+LEXICAL_DEPTH, VECTOR_DEPTH = 30, 50
 # The fusion chosen on the development split (docs/benchmarks.md).
 FUSION = Fusion()
 # The record metadata keys the BrainLayer sink reads a memory's type and project from.
@@ -144,10 +149,12 @@ class MemoryService:
         project: str | None = None,
         session_id: str | None = None,
         agent: str | None = None,
+        timestamp: str | datetime | None = None,
     ) -> Receipt:
         """A plain brain_store-style memory (no turn structure). ``memory_type`` and
         ``project`` go under the metadata keys the BrainLayer sink reads them from;
-        ``session_id`` and ``agent`` where recall's filters look."""
+        ``session_id`` and ``agent`` where recall's filters look; ``timestamp`` when it was
+        said, if not now (an import of older notes)."""
         meta = dict(metadata or {})
         if session_id:
             meta["session_id"] = session_id
@@ -157,7 +164,9 @@ class MemoryService:
             meta[TYPE_KEY] = memory_type
         if project:
             meta[PROJECT_KEY] = project
-        return self.outbox.add(content, importance=importance, tags=tags, metadata=meta or None)
+        return self.outbox.add(
+            content, importance=importance, tags=tags, timestamp=timestamp, metadata=meta or None
+        )
 
     def visibility(self, receipt: Receipt) -> dict[str, Any]:
         """What recall can see of this write right now, and how far behind the embed is."""
@@ -249,22 +258,25 @@ class MemoryService:
             since=since,
             until=until,
         )
-        depth = max(LEG_DEPTH, n_results)
-        lexical = self.outbox.lexical_matches(query, limit=depth, filters=filters)
+        lexical = self.outbox.lexical_matches(
+            query, limit=max(LEXICAL_DEPTH, n_results), filters=filters
+        )
         vector: list[tuple[str, float]] = []
         degraded: str | None = None
         if VECTOR_SINK in self.outbox.settings.sinks:
-            vector, degraded = self._semantic(query, depth, filters)
+            vector, degraded = self._semantic(query, max(VECTOR_DEPTH, n_results), filters)
         stored = self.outbox.get_records({key for key, _ in [*lexical.hits, *vector]})
         weights = TermWeights.of(lexical.counts, lexical.total, lexical.cap)
-        coverage = {key: weights.coverage(item.record.content) for key, item in stored.items()}
+        when = named_dates(query)
+        coverage = {key: _coverage(weights, item, when) for key, item in stored.items()}
         admitted = [
             (key, distance)
             for key, distance in vector
             if key in stored and _admits(filters, stored[key])
         ]
         scored = fuse(candidates(lexical.hits, admitted, coverage), FUSION)
-        scored = self._with_context(scored, filters, weights, stored)
+        scored = self._with_context(scored, filters, weights, stored, coverage, when)
+        scored = with_dates(scored, [key for key in stored if _on(stored[key], when)], FUSION)
         kept = [
             pair
             for pair in relevant(scored, floor, n_results)
@@ -283,16 +295,21 @@ class MemoryService:
         filters: RecallFilter,
         weights: TermWeights,
         stored: dict[str, Any],
+        coverage: dict[str, float],
+        when: list[DateWindow],
     ) -> list[tuple[Candidate, float]]:
         """The best hits lend part of their score to their session neighbours that pass
-        the filter (``stored`` gains those neighbours' records)."""
+        the filter (``stored`` and ``coverage`` gain those neighbours', each measured once)."""
         sources = [item.key for item, _score in scored[: FUSION.context_sources]]
         near = self.outbox.session_neighbours(sources)
         missing = {key for keys in near.values() for key in keys} - stored.keys()
         stored.update(self.outbox.get_records(missing))
+        coverage.update(
+            (key, _coverage(weights, stored[key], when)) for key in missing if key in stored
+        )
         neighbours = {
             source: [
-                Candidate(key=key, coverage=weights.coverage(stored[key].record.content))
+                Candidate(key=key, coverage=coverage[key])
                 for key in keys
                 if key in stored and _admits(filters, stored[key])
             ]
@@ -321,6 +338,18 @@ class MemoryService:
         if self._vector is not None:
             self._vector.close()
         self.outbox.close()
+
+
+def _on(item: Any, when: list[DateWindow]) -> bool:
+    """Whether a stored memory was written on one of the dates a query names."""
+    return any(window.holds(parse_instant(item.record.timestamp)) for window in when)
+
+
+def _coverage(weights: TermWeights, item: Any, when: list[DateWindow]) -> float:
+    """The share of the query's words a memory holds; a memory written on a date the query
+    names holds that date's words too ("July", "2023"), which its text seldom repeats."""
+    said = [window.wording for window in when if window.holds(parse_instant(item.record.timestamp))]
+    return weights.coverage(" ".join([item.record.content, *said]))
 
 
 def _admits(filters: RecallFilter, item: Any) -> bool:

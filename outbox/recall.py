@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime
+from functools import lru_cache
 from typing import Any
 
 from outbox.keys import canonical_timestamp, parse_instant
@@ -24,12 +25,17 @@ TAG_PREFIX = "tag:"
 # Cosine distances of the offline MiniLM: at or below FULL a hit reads as a sure match, at
 # or above NONE as unrelated; relevance is linear between (docs/memory-core.md).
 DISTANCE_FULL, DISTANCE_NONE = 0.30, 0.75
-# The default ``min_relevance``, chosen on the development split (docs/memory-core.md).
-MIN_RELEVANCE = 0.30
+# The default ``min_relevance``, chosen on the development split (docs/memory-core.md), and
+# the share of it the hits below a query's answering hit must still reach.
+MIN_RELEVANCE, KEEP_SHARE = 0.30, 0.5
+# How many turns before and after a hit in its session recall looks at for context.
+CONTEXT_REACH = 2
 
 
+@lru_cache(maxsize=1 << 16)
 def stem(word: str) -> str:
-    """A crude English stem, enough to see that ``painted`` answers ``paint`` (pure)."""
+    """A crude English stem, enough to see that ``painted`` answers ``paint`` (pure, so
+    memoised: recall stems the same words of every memory it weighs)."""
     word = word.lower().removesuffix("'s")
     for suffix in _SUFFIXES:
         if word.endswith(suffix) and len(word) - len(suffix) >= 3:
@@ -171,12 +177,15 @@ class Candidate:
     # The key of the hit this memory neighbours in its session, and that hit's relevance.
     context_of: str | None = None
     context_relevance: float = 0.0
+    # Written on a date the query names.
+    dated: bool = False
 
     @property
     def legs(self) -> list[str]:
         found = [("lexical", self.lexical_rank), ("vector", self.vector_rank)]
         legs = [name for name, rank in found if rank is not None]
-        return [*legs, "context"] if self.context_of else legs
+        extra = [name for name, on in (("context", self.context_of), ("date", self.dated)) if on]
+        return [*legs, *extra]
 
     @property
     def relevance(self) -> float:
@@ -187,18 +196,30 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Fusion:
-    """How two rankings merge: weighted reciprocal ranks plus a share of relevance."""
+    """How the two rankings merge: reciprocal ranks, plus a share of lexical relevance, plus
+    what a hit's session neighbours and the dates a query names add.
+
+    Chosen on the development split and checked conversation by conversation
+    (docs/benchmarks.md, section 10).
+    """
 
     lexical_weight: float = 1.0
-    vector_weight: float = 0.8
+    vector_weight: float = 1.0
     k: int = 5
-    # A hit's session neighbours (the turns before and after) gain this share of its score:
-    # an answer often sits in the reply to the turn whose words the query shares.
-    context_share: float = 0.3
-    context_sources: int = 10
+    # Reciprocal ranks only order each leg; the weighted share of the query's words a memory
+    # holds also tells two memories apart that the legs rank alike.
+    coverage_weight: float = 0.2
+    # A hit's session neighbours (up to ``CONTEXT_REACH`` turns before and after) gain this
+    # share of its score: an answer often sits in the reply to the turn whose words the
+    # query shares, or in the same speaker's next turn.
+    context_share: float = 0.5
+    context_sources: int = 20
+    # A memory written on a date the query names ("on 7 July, 2023") gains this much: about
+    # two thirds of what a first place in one leg is worth.
+    date_bonus: float = 0.12
 
     def score(self, item: Candidate) -> float:
-        total = 0.0
+        total = self.coverage_weight * item.coverage
         if item.lexical_rank is not None:
             total += self.lexical_weight / (self.k + item.lexical_rank)
         if item.vector_rank is not None:
@@ -232,10 +253,15 @@ def fuse(items: Iterable[Candidate], fusion: Fusion) -> list[tuple[Candidate, fl
 
 
 def relevant(
-    scored: Iterable[tuple[Candidate, float]], min_relevance: float, limit: int
+    scored: Sequence[tuple[Candidate, float]], min_relevance: float, limit: int
 ) -> list[tuple[Candidate, float]]:
-    """The first ``limit`` hits whose relevance reaches ``min_relevance``, order kept."""
-    return [pair for pair in scored if pair[0].relevance >= min_relevance][:limit]
+    """Nothing when no hit reaches ``min_relevance``: the store does not answer the query.
+    Otherwise the first ``limit`` hits whose relevance reaches ``KEEP_SHARE`` of it, order
+    kept: once one hit answers, the fusion's order judges the rest better than their own
+    certainty does (a reply that shares one word of the question is still the reply)."""
+    if max((item.relevance for item, _ in scored), default=0.0) < min_relevance:
+        return []
+    return [pair for pair in scored if pair[0].relevance >= min_relevance * KEEP_SHARE][:limit]
 
 
 def with_context(
@@ -245,7 +271,8 @@ def with_context(
 ) -> list[tuple[Candidate, float]]:
     """Each of the best ``context_sources`` hits lends ``context_share`` of its score to its
     neighbours (``neighbours[key]``: fresh candidates, relevance measured), which join the
-    list or rise in it; best first again, ties to the key."""
+    list (at their own score: what their coverage is worth) or rise in it; best first
+    again, ties to the key."""
     found = {item.key: (item, score) for item, score in scored}
     lent: dict[str, tuple[float, Candidate]] = {}
     for source, score in scored[: fusion.context_sources]:
@@ -255,12 +282,25 @@ def with_context(
                 context = replace(near, context_of=source.key, context_relevance=source.relevance)
                 lent[near.key] = (share, context)
     for key, (share, context) in lent.items():
-        item, score = found.get(key, (context, 0.0))
+        item, score = found.get(key, (context, fusion.score(context)))
         lifted = replace(
             item, context_of=context.context_of, context_relevance=context.context_relevance
         )
         found[key] = (lifted, score + share)
     return sorted(found.values(), key=lambda pair: (-pair[1], pair[0].key))
+
+
+def with_dates(
+    scored: list[tuple[Candidate, float]], dated: Iterable[str], fusion: Fusion
+) -> list[tuple[Candidate, float]]:
+    """The hits written on a date the query names (``dated`` keys) gain ``date_bonus``;
+    best first again, ties to the key."""
+    on = set(dated)
+    lifted = [
+        (replace(item, dated=True), score + fusion.date_bonus) if item.key in on else (item, score)
+        for item, score in scored
+    ]
+    return sorted(lifted, key=lambda pair: (-pair[1], pair[0].key))
 
 
 def rrf(rankings: Sequence[Sequence[str]], k: int = 60) -> list[tuple[str, float]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ from outbox import Outbox, Settings, load_settings
 from outbox.demo import TURNS
 from outbox.memory_core import MemoryService
 from outbox.recall import (
+    CONTEXT_REACH,
+    KEEP_SHARE,
     Candidate,
     Fusion,
     RecallFilter,
@@ -26,10 +29,13 @@ from outbox.recall import (
     relevant,
     stem,
     with_context,
+    with_dates,
 )
+from outbox.recall_dates import DateWindow, named_dates
 from outbox.record import build_record
 from outbox.sinks.chroma_documents import TAG_KEY_PREFIX, chroma_metadata
 from outbox.store import migrate
+from outbox.store.lexical import QUERY_STOP_WORDS, match_terms
 from tests.conftest import FAULTY
 
 keys_ = st.text("abcdef", min_size=1, max_size=4)
@@ -52,7 +58,11 @@ def test_fusion_orders_deterministically_and_keeps_the_floor(
     assert [s for _, s in scored] == sorted((s for _, s in scored), reverse=True)
     assert fuse(list(reversed(items)), Fusion()) == scored
     kept = relevant(scored, floor, limit)
-    assert len(kept) <= limit and all(item.relevance >= floor for item, _ in kept)
+    answered = any(item.relevance >= floor for item in items)
+    assert (
+        kept
+        == ([p for p in scored if p[0].relevance >= floor * KEEP_SHARE] if answered else [])[:limit]
+    )
     assert all(0.0 <= item.relevance <= 1.0 for item in items)
 
 
@@ -114,6 +124,68 @@ def test_filter_and_chroma_where_say_the_same_thing() -> None:
     assert not filters.admits(record.timestamp, 5, ["x"], record.metadata)
 
 
+@given(st.lists(candidate, min_size=1, unique_by=lambda c: c.key), st.data())
+def test_dates_lift_exactly_the_dated_hits(items: list[Candidate], data: st.DataObject) -> None:
+    scored = fuse(items, Fusion())
+    dated = data.draw(st.sets(st.sampled_from([item.key for item in items])))
+    lifted = with_dates(scored, dated, Fusion())
+    before, after = dict((i.key, s) for i, s in scored), dict((i.key, s) for i, s in lifted)
+    assert after == {
+        key: score + (Fusion().date_bonus if key in dated else 0.0) for key, score in before.items()
+    }
+    assert [s for _, s in lifted] == sorted((s for _, s in lifted), reverse=True)
+    assert {item.key for item, _ in lifted if "date" in item.legs} == dated
+
+
+def test_a_neighbour_joins_at_what_its_own_words_are_worth() -> None:
+    """A turn only context found still counts its share of the query's words, so of two
+    neighbours lent the same score the one that shares the query's words comes first."""
+    source = Candidate(key="s", lexical_rank=1, coverage=1.0)
+    scored = fuse([source], Fusion())
+    near = [Candidate(key="a", coverage=0.0), Candidate(key="b", coverage=0.5)]
+    lifted = with_context(scored, {"s": near}, Fusion())
+    assert [item.key for item, _ in lifted] == ["s", "b", "a"]
+
+
+@given(
+    st.dates(date(1990, 1, 1), date(2099, 12, 31)),
+    st.sampled_from(
+        [
+            "on {d:%B} {d.day}, {d.year}",
+            "on {d.day} {d:%B}, {d.year}",
+            "on the {d.day}th of {d:%B} {d.year}",
+            "on {d:%b} {d.day} {d.year}",
+            "on {d:%Y-%m-%d}",
+        ]
+    ),
+)
+def test_a_named_day_is_that_day_whatever_its_wording(day: date, wording: str) -> None:
+    (window,) = named_dates("What did we decide " + wording.format(d=day) + "?")
+    noon = datetime(day.year, day.month, day.day, 12, tzinfo=UTC)
+    assert window.holds(noon) and window.holds(noon.replace(hour=0))
+    assert not window.holds(noon + timedelta(days=1)) and not window.holds(noon - timedelta(days=1))
+
+
+def test_months_years_and_what_is_not_a_date() -> None:
+    (month,) = named_dates("What setback came in October 2023?")
+    assert month == DateWindow(date(2023, 10, 1), date(2023, 11, 1))
+    (december,) = named_dates("the plan for December 2023")
+    assert december.end == date(2024, 1, 1)
+    (year,) = named_dates("How often did we go to the beach in 2023?")
+    assert year == DateWindow(date(2023, 1, 1), date(2024, 1, 1))
+    (bare,) = named_dates("Where did we camp in July?")
+    assert bare.holds(datetime(2019, 7, 31, tzinfo=UTC)) and not bare.holds(
+        datetime(2019, 8, 1, tzinfo=UTC)
+    )
+    assert named_dates("May I ask what the port is? 2023 records, 31 February 2024") == []
+
+
+def test_query_stop_words_are_dropped_unless_nothing_else_is_left() -> None:
+    assert match_terms("What did Melanie do to destress?") == ["destress", "melanie"]
+    assert match_terms("What was it?") == ["what", "was", "it"]
+    assert {"what", "when", "did", "the"} <= QUERY_STOP_WORDS
+
+
 # -- the lexical leg, on either database ---------------------------------------------------
 
 
@@ -158,21 +230,80 @@ def test_the_lexical_leg_finds_delivered_records(outbox: Outbox) -> None:
 
 
 def test_the_migration_refills_purged_rows_once(settings: Settings) -> None:
+    """Migration 0005 run again over a purged index refills it, and a third run adds
+    nothing; later migrations (not idempotent) are left out of the replay."""
+    from alembic import command
+
     with Outbox.open(settings) as ob:
         key = _write(ob, "a wren sings at dawn")
-        with ob.storage.engine.begin() as conn:
-            conn.execute(text("DELETE FROM records_fts"))
-            conn.execute(text("UPDATE alembic_version SET version_num = '0004'"))
-        assert ob.lexical_matches("wren", limit=5).hits == []
         engine = ob.storage.engine
-        assert migrate.upgrade(engine) is True
-        with engine.connect() as conn:
-            conn.execute(text("UPDATE alembic_version SET version_num = '0004'"))
-            conn.commit()
-        assert migrate.upgrade(engine) is True  # idempotent: a second run adds nothing
-        with engine.connect() as conn:
+        with engine.begin() as conn:
+            head = conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+            conn.execute(text("DELETE FROM records_fts"))
+        assert ob.lexical_matches("wren", limit=5).hits == []
+        for _ in range(2):  # idempotent: a second run adds nothing
+            with engine.begin() as conn:
+                conn.execute(text("UPDATE alembic_version SET version_num = '0004'"))
+                config = migrate.alembic_config()
+                config.attributes["connection"] = conn
+                command.upgrade(config, "0005")
+        with engine.begin() as conn:
             assert conn.execute(text("SELECT count(*) FROM records_fts")).scalar() == 1
+            conn.execute(text("UPDATE alembic_version SET version_num = :v"), {"v": head})
         assert [k for k, _ in ob.lexical_matches("wren", limit=5).hits] == [key]
+
+
+def test_stop_words_do_not_outrank_what_the_question_asks_about(outbox: Outbox) -> None:
+    """Short chit-chat that shares only a question's wording must not push the memory that
+    answers it out of the first places."""
+    for number in range(30):
+        _write(outbox, f"What did you do? What did you do there? {number}")
+    wanted = _write(outbox, "We picked the heron logo for the new signage")
+    hits = outbox.lexical_matches("What did we pick for the logo?", limit=3).hits
+    assert hits[0][0] == wanted
+
+
+def test_context_reaches_two_turns_each_way_within_the_session(outbox: Outbox) -> None:
+    start = datetime(2024, 3, 1, 9, tzinfo=UTC)
+    keys = [
+        _write(
+            outbox,
+            f"turn {number} of the chat about {'the kayak trip' if number == 4 else 'weather'}",
+            timestamp=start + timedelta(minutes=number),
+            metadata={"session_id": "trip"},
+        )
+        for number in range(9)
+    ]
+    _write(outbox, "another session's kayak note", timestamp=start, metadata={"session_id": "x"})
+    near = outbox.session_neighbours([keys[4]])[keys[4]]
+    assert CONTEXT_REACH == 2
+    assert near == [keys[3], keys[2], keys[5], keys[6]]
+    service = MemoryService(outbox)
+    answer = service.query_raw_memories("kayak trip", n_results=10, session_id="trip")
+    found = {row["id"]: row["legs"] for row in answer["results"]}
+    assert "lexical" in found[keys[4]]
+    assert all("context" in found[keys[n]] for n in (2, 3, 5, 6))
+    assert keys[1] not in found and keys[7] not in found
+
+
+def test_a_named_day_brings_that_days_memory_first(outbox: Outbox) -> None:
+    service = MemoryService(outbox)
+    said = {
+        day: service.remember(
+            "We talked about the garden shed roof.",
+            session_id="home",
+            timestamp=datetime(2023, 7, day, 18, tzinfo=UTC),
+        ).key
+        for day in (3, 7, 12)
+    }
+    for day, key in said.items():
+        answer = service.query_raw_memories(
+            f"What did we say about the shed on {day} July, 2023?", session_id="home"
+        )
+        first = answer["results"][0]
+        assert first["id"] == key and "date" in first["legs"]
+    plain = service.query_raw_memories("What did we say about the shed?", session_id="home")
+    assert all("date" not in row["legs"] for row in plain["results"])
 
 
 # -- both legs, with the embedded Chroma ---------------------------------------------------

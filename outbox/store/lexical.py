@@ -29,10 +29,28 @@ MATCH_BUDGET = 500
 SCAN_FACTOR = 8
 
 
+# English function words: what a question is phrased with rather than what it asks about.
+# A query's own stop words would rank short memories that share only "what did you do"
+# above the one that answers it; bm25's rarity weight alone does not offset that.
+_STOP_WORDS = """
+    a about above after again against all also am an and any are as at be because been
+    before being below between both but by can could did didn do does doesn doing don down
+    during each else ever few for from further had has have having he her here hers herself
+    him himself his how if in into is isn it its itself just may me might more most must my
+    myself no nor not now of off on once only or other our ours ourselves out over own same
+    shall she should so some such than that the their theirs them themselves then there these
+    they this those through to too under until up very was wasn we were weren what when where
+    which while who whom whose why will with won would you your yours yourself yourselves
+"""
+QUERY_STOP_WORDS = frozenset(_STOP_WORDS.split())
+
+
 def match_terms(query: str) -> list[str]:
-    """Distinct lowercase words of a query, longest first (the most telling ones)."""
+    """Distinct lowercase words of a query that say what it is about (its stop words only
+    when it has nothing else), longest first: the most telling ones."""
     words = dict.fromkeys(word.lower() for word in _WORD.findall(query) if len(word) > 1)
-    return sorted(words, key=len, reverse=True)[:16]
+    telling = [word for word in words if word not in QUERY_STOP_WORDS] or list(words)
+    return sorted(telling, key=len, reverse=True)[:16]
 
 
 def telling_terms(counts: dict[str, int], budget: int) -> list[str]:

@@ -10,9 +10,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine, and_, func, or_, select
+from sqlalchemy import Engine, and_, func, or_, select, text
 
-from outbox.recall import RecallFilter
+from outbox.recall import CONTEXT_REACH, RecallFilter
 from outbox.store.lexical import (
     MATCH_BUDGET,
     OverlayFactory,
@@ -22,6 +22,14 @@ from outbox.store.lexical import (
     telling_terms,
 )
 from outbox.store.schema import graph_nodes, records
+
+_BEFORE = text(
+    "SELECT id FROM graph_nodes WHERE session_id = :session AND ts < :ts "
+    "ORDER BY ts DESC LIMIT :reach"
+)
+_AFTER = text(
+    "SELECT id FROM graph_nodes WHERE session_id = :session AND ts > :ts ORDER BY ts LIMIT :reach"
+)
 
 
 @dataclass(frozen=True)
@@ -105,9 +113,10 @@ class RecallQueries:
             for row in rows
         ]
 
-    def neighbours(self, keys: Iterable[str]) -> dict[str, list[str]]:
-        """Each memory's neighbours in its session: the one written just before and the one
-        just after (by the session index, two bounded lookups each)."""
+    def neighbours(self, keys: Iterable[str], reach: int = CONTEXT_REACH) -> dict[str, list[str]]:
+        """Each memory's neighbours in its session: the ``reach`` written just before it and
+        the ``reach`` just after, nearest first (by the session index, one bounded lookup
+        each way; plain statements, since recall asks for twenty memories' at a time)."""
         node = graph_nodes.c
         found: dict[str, list[str]] = {}
         with self.reader.connect() as conn:
@@ -117,10 +126,10 @@ class RecallQueries:
             for key, session, ts in rows:
                 if session is None:
                     continue
-                same = select(node.id).where(node.session_id == session).limit(1)
-                before = conn.execute(same.where(node.ts < ts).order_by(node.ts.desc())).scalar()
-                after = conn.execute(same.where(node.ts > ts).order_by(node.ts)).scalar()
-                found[key] = [near for near in (before, after) if near is not None]
+                place = {"session": session, "ts": ts, "reach": reach}
+                before = conn.execute(_BEFORE, place).scalars().all()
+                after = conn.execute(_AFTER, place).scalars().all()
+                found[key] = [*before, *after]
         return found
 
     def pending_matches(
