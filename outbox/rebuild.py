@@ -63,6 +63,7 @@ class RebuildReport:
     from_markdown: int = 0
     already_there: int = 0
     forgotten_left_out: int = 0
+    tombstones: int = 0  # forgotten records put back without their content
     delivered: int = 0
     dead: int = 0
     discarded: int = 0
@@ -269,6 +270,10 @@ class Rebuilder:
                 storage.restore.restore(conn, outcomes, now)
             _count(report, batch, fresh, outcomes)
             self.progress("restoring records", start + len(batch), len(found))
+        with storage.engine.begin() as conn:  # forgotten records stay forgotten
+            report.tombstones = storage.forgetting.restore(
+                conn, evidence.tombstones(), self.settings.sinks, self.settings.mirror_id, now
+            )
         there = [item.record.key for item in found if item.record.key not in seqs]
         seqs.update({key: item.seq for key, item in storage.records.get_records(there).items()})
         return seqs

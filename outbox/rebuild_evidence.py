@@ -4,8 +4,9 @@ The JSONL log's ``accepted`` lines come first (each proves itself: its content a
 must give its key), with the outcome lines after them, the last per sink winning. Markdown
 files (the mirror folder, the fallback queue in it) count only for keys the log lacks, and
 only when their body gives their key; a file without a key is a legacy file for ``outbox
-replay``. A key with a ``forgotten`` line is left out wherever it appears. Everything here
-but ``gather`` is pure, so the rules are tested without a store.
+replay``. A key with a ``forgotten`` line comes back only as the tombstone a forget leaves
+(its redacted line: key, instant, importance, sinks), never with content from anywhere.
+Everything here but ``gather`` is pure, so the rules are tested without a store.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from typing import TYPE_CHECKING, Any
 from outbox.errors import ValidationError
 from outbox.keys import canonical_timestamp, idempotency_key
 from outbox.mirror import markdown
+from outbox.mirror.forget import is_redacted
 from outbox.mirror.jsonl import JsonlLog
 from outbox.record import DEFAULT_IMPORTANCE, Record, check_importance, check_metadata, check_tags
 from outbox.replay import file_digest
 from outbox.states import DeliveryState, MirrorEvent
+from outbox.store.forgetting import Tombstone
 from outbox.store.restore import KnownOutcome
 
 if TYPE_CHECKING:
@@ -34,8 +37,7 @@ MAX_PROBLEMS = 50
 Progress = Callable[[str, int, int | None], None]
 
 _HEX_KEY = re.compile(r"[0-9a-f]{64}")
-# The line a forget appends (``MirrorEvent.FORGOTTEN`` once forget lands): its key stays out.
-FORGOTTEN_EVENT = "forgotten"
+FORGOTTEN_EVENT = MirrorEvent.FORGOTTEN
 _OUTCOMES: dict[object, DeliveryState] = {
     MirrorEvent.DELIVERED: DeliveryState.DELIVERED,
     MirrorEvent.DEAD: DeliveryState.DEAD,
@@ -164,6 +166,8 @@ class Evidence:
     found: dict[str, Found] = field(default_factory=dict)
     outcomes: dict[str, dict[str, KnownOutcome]] = field(default_factory=dict)
     forgotten: set[str] = field(default_factory=set)
+    redacted: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> its line
+    deleted: dict[str, set[str]] = field(default_factory=dict)  # key -> sinks that deleted it
     log_names: set[str] = field(default_factory=set)
     noted: list[tuple[str | None, str]] = field(default_factory=list)  # (key, problem)
     lines: int = 0
@@ -192,6 +196,8 @@ class Evidence:
                 found = record_from_line(event, self.default_sinks)
             except Unusable as exc:
                 key = event.get("key")
+                if isinstance(key, str) and is_redacted(dict(event)):
+                    self.redacted.setdefault(key, dict(event))
                 self.problem(
                     f"log line {number}: {exc}; looked for its record in the files",
                     key if isinstance(key, str) else None,
@@ -202,6 +208,8 @@ class Evidence:
                 self.log_names.add(found.markdown_name)
         elif kind == FORGOTTEN_EVENT and isinstance(event.get("key"), str):
             self.forgotten.add(event["key"])
+        elif kind == MirrorEvent.DELETED and isinstance(event.get("key"), str):
+            self.deleted.setdefault(event["key"], set()).add(str(event.get("sink")))
         elif (outcome := outcome_from_line(event)) is not None:
             self.outcomes.setdefault(outcome.key, {})[outcome.sink] = outcome
 
@@ -221,6 +229,25 @@ class Evidence:
     def records(self) -> list[Found]:
         """What goes back into the database: every record found, except forgotten ones."""
         return [item for key, item in self.found.items() if key not in self.forgotten]
+
+    def tombstones(self) -> list[Tombstone]:
+        """The forgotten records whose redacted line the log holds, in log order."""
+        found = []
+        for key, line in self.redacted.items():
+            seq, importance = line.get("seq"), line.get("importance")
+            if key not in self.forgotten or not isinstance(seq, int):
+                continue
+            found.append(
+                Tombstone(
+                    key=key,
+                    timestamp=str(line.get("timestamp")),
+                    importance=importance if isinstance(importance, int) else DEFAULT_IMPORTANCE,
+                    seq=seq,
+                    sinks=_sink_names(line.get("sinks"), self.default_sinks),
+                    deleted=frozenset(self.deleted.get(key, ())),
+                )
+            )
+        return found
 
     def outcomes_for(self, item: Found) -> list[KnownOutcome]:
         """The log's outcomes for ``item``'s own sinks."""

@@ -287,21 +287,35 @@ def test_a_write_during_a_rebuild_falls_back_and_comes_in_after(settings: Settin
     assert verified.returncode == 0, verified.stdout
 
 
-def test_a_forgotten_record_does_not_come_back(store: Settings) -> None:
+def test_a_forgotten_record_comes_back_only_as_its_tombstone(store: Settings) -> None:
     """``outbox forget`` blanks the record's log line and appends a ``forgotten`` line: the
-    rebuild leaves that key out, counts it, and lists no problem for the blanked line."""
+    rebuild puts back a tombstone (key, instant, no content) with the sink deletes the log
+    recorded, so the key stays forgotten, its content is nowhere, and verify passes."""
     forgotten = next(e for e in jsonl_events(store.jsonl_path) if e["event"] == "accepted")
     done = _cli(store, "forget", forgotten["key"][:12])
     assert done.returncode == 0, done.stderr
+    _cli(store, "drain")  # the sink's delete, with its log line (other records stay dead)
+    assert any(
+        e["event"] == "deleted" and e["key"] == forgotten["key"]
+        for e in jsonl_events(store.jsonl_path)
+    )
     _lose(store)
     report = _json(store, "rebuild")
-    assert (report["forgotten_left_out"], report["restored"]) == (1, 8)
+    assert (report["forgotten_left_out"], report["tombstones"], report["restored"]) == (1, 1, 8)
     assert report["problems"] == []
-    assert forgotten["key"] not in _state(store)
+    content, timestamp, *_ = _state(store)[forgotten["key"]]
+    assert (content, timestamp) == ("", forgotten["timestamp"])
+    with Outbox.open(store, repair=False) as ob:
+        item = ob.storage.records.get_record(forgotten["key"])
+        assert item is not None and item.forgotten
+        (row,) = ob.deliveries_of([forgotten["key"]])[forgotten["key"]]
+        assert (row.op, row.state) == ("delete", "forgotten")
     files = [store.home / name for name in ("outbox.db", "outbox.db-wal")]
     database = b"".join(path.read_bytes() for path in files if path.exists())
     assert b"decision 2: keep the audit trail" in database  # the search can find words...
     assert forgotten["content"].encode("utf-8") not in database  # ...and these are gone
+    verified = _cli(store, "verify")
+    assert verified.returncode == 0, verified.stdout
 
 
 @pytest.fixture

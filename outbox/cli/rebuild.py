@@ -56,7 +56,10 @@ def _text(report: RebuildReport) -> str:
         f"{report.files_written} markdown files written",
     ]
     if report.forgotten_left_out:
-        lines.append(f"forgotten records left out: {report.forgotten_left_out}")
+        lines.append(
+            f"forgotten records: {report.forgotten_left_out}, put back as "
+            f"{report.tombstones} tombstones without content"
+        )
     if report.unkeyed_files:
         lines.append(
             f"markdown files without a key left for `outbox replay`: {report.unkeyed_files}"

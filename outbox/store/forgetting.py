@@ -41,6 +41,19 @@ class ForgetPlan:
 
 
 @dataclass(frozen=True)
+class Tombstone:
+    """What is left of a forgotten record, as its redacted log line tells it (``outbox
+    rebuild``), and the sinks whose delete the log records as done."""
+
+    key: str
+    timestamp: str
+    importance: int
+    seq: int
+    sinks: tuple[str, ...]
+    deleted: frozenset[str]
+
+
+@dataclass(frozen=True)
 class PurgeResult:
     """Whether the database's own leftovers are gone: ``complete`` is False when another
     connection's open read kept the WAL from being truncated (the next purge retries)."""
@@ -144,6 +157,57 @@ class ForgetStore:
                 )
             )
         return sorted(deletes), sorted(never_sent)
+
+    def restore(
+        self,
+        conn: Connection,
+        tombstones: Sequence[Tombstone],
+        sinks: Sequence[str],
+        origin: str,
+        now: float,
+    ) -> int:
+        """Put forgotten records back as the tombstones they were (``outbox rebuild``), in
+        the caller's transaction: no content, no search row, no graph node. A sink whose
+        delete the log records is settled; every other sink gets its delete again (a sink
+        deletes idempotently). Returns how many were written; a key already there is kept."""
+        written = 0
+        for item in tombstones:
+            exists = conn.execute(select(records.c.seq).where(records.c.key == item.key)).first()
+            if exists is not None:
+                continue
+            conn.execute(
+                insert(records).values(
+                    key=item.key,
+                    ts=item.timestamp,
+                    content="",
+                    importance=item.importance,
+                    tags=[],
+                    meta={},
+                    slug="",
+                    markdown_name="",
+                    origin=origin,
+                    created_at=now,
+                    forgotten_at=now,
+                    redaction_pending=0,
+                )
+            )
+            for sink in sorted({*item.sinks, *sinks}):
+                done = sink in item.deleted
+                conn.execute(
+                    insert(deliveries).values(
+                        record_key=item.key,
+                        sink=sink,
+                        state=DeliveryState.FORGOTTEN if done else DeliveryState.PENDING,
+                        op=DeliveryOp.DELETE,
+                        attempts=1 if done else 0,
+                        available_at=now,
+                        mirror_pending=0,
+                        created_at=now,
+                        updated_at=now,
+                    )
+                )
+            written += 1
+        return written
 
     # -- what forgets still owe -------------------------------------------------------------
 
