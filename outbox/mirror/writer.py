@@ -29,6 +29,12 @@ Item = TypeVar("Item")
 # Above this many records waiting, a committing writer waits for the thread to catch up
 # (within its own time bound): the lag stays bounded when the disk is slower than commits.
 MAX_QUEUED = 4096
+# How long the thread lets records gather before it writes their files: files created in
+# bursts leave most commits' fsyncs without new file metadata to carry through the file
+# system's journal (an A/B on ext4, alternating in one process: add's median 1.97x its floor
+# written at once, 1.69x gathered for 2 ms). Bounded by COALESCE_RECORDS.
+COALESCE_SECONDS = 0.002
+COALESCE_RECORDS = 256
 # Lag samples kept for ``lags()`` (the benchmark's mirror-lag figure).
 LAG_SAMPLES = 100_000
 # How long interpreter exit waits for the queue to be written.
@@ -85,6 +91,10 @@ class MirrorWriter(Generic[Item]):
                 self._ready.wait_for(lambda: self._queue or self._stopping)
                 if not self._queue:
                     return
+                self._ready.wait_for(
+                    lambda: self._stopping or self._queued >= COALESCE_RECORDS,
+                    max(0.0, self._queue[0][0] + COALESCE_SECONDS - time.monotonic()),
+                )
                 batches = list(self._queue)
                 self._queue.clear()
                 count = sum(len(items) for _, items in batches)
