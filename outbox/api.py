@@ -74,6 +74,7 @@ class Outbox:
         self.dead = DeadLetters(self.storage, self.mirrors)
         self.catalog = Catalog(self.storage, self.mirrors, settings)
         self.forgetter = Forgetter(self.storage, self.mirrors, self.catalog, settings, self._notify)
+        self.browse = self.storage.browse  # the dashboard's reads: pages of memories, activity
         self.last_repair: RepairReport | None = None
         self.last_import: ReplayReport | None = None
         self.unavailable: str | None = None

@@ -34,8 +34,8 @@ Search = Callable[..., dict[str, Any]]
 
 
 def _browse(ob: Outbox) -> BrowseQueries:
-    """The store's dashboard reads: the façade has no method for them yet."""
-    return ob.storage.browse
+    """The store's dashboard reads, which the façade hands out as ``Outbox.browse``."""
+    return ob.browse
 
 
 # -- overview -----------------------------------------------------------------------------
