@@ -1,13 +1,17 @@
 """Recall on LoCoMo: does ``query_raw_memories`` find the turn that answers a question?
 
 Every turn is written through memory-core (``MemoryService.remember``, one session per
-conversation, the speaker in the text, speaker and date in metadata), all conversations in
-one store. Each question with evidence (categories 1-4) asks ``query_raw_memories`` within
-its conversation's session, before the embed and after a full drain into the embedded Chroma
-with the offline MiniLM, and is scored for each leg alone, fused, and beside a baseline from
-the same run: a plain FTS5 bm25 over the same turns in a separate in-memory sqlite3, and the
-naive reciprocal-rank fusion of that bm25 with the vector leg. Then query latency at the
-dataset's size and with filler records in the store (lexical only: filler is not embedded).
+conversation, the speaker in the text, speaker and date in metadata, timestamped when its
+conversation session took place, as an agent's turns are), all conversations in one store.
+Each question with evidence (categories 1-4) asks ``query_raw_memories`` within its
+conversation's session, before the embed and after a full drain into Chroma with the offline
+MiniLM, and is scored for each leg alone, fused, and beside a baseline from the same run: a
+plain FTS5 bm25 over the same turns in a separate in-memory sqlite3, and the naive
+reciprocal-rank fusion of that bm25 with the vector leg. ``--ablation`` scores each part of
+the fusion alone and left out. Then query latency at the dataset's size and with filler
+records in the store, in both legs: the filler's vectors are random unit vectors written
+straight into the collection (embedding 100,000 texts would take half an hour; a search's
+cost depends on how many vectors there are, not on what they mean).
 
 The dataset is read from its path and never copied: ``python -m benchmarks.recall --locomo
 PATH`` (default ``../shared/data/locomo/locomo-dev.json`` beside the repository).
@@ -18,20 +22,25 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import platform
+import re
 import sqlite3
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from functools import partialmethod
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bulk import bulk_insert
+from benchmarks.bulk import BULK_ORIGIN, bulk_insert
 from benchmarks.common import bench_settings, open_outbox, percentile
+from outbox import memory_core
 from outbox.memory_core import MemoryService
-from outbox.recall import MIN_RELEVANCE, RecallFilter, rrf
+from outbox.recall import CONTEXT_REACH, MIN_RELEVANCE, Fusion, RecallFilter, rrf
+from outbox.store import recall as store_recall
 from outbox.store.engine import sqlite_path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,12 +56,17 @@ UNRELATED = (
 )
 
 
+SESSION_DATE = "%I:%M %p on %d %B, %Y"  # LoCoMo's "1:56 pm on 8 May, 2023"
+TURN_GAP = timedelta(seconds=30)
+
+
 @dataclass
 class Turn:
     dia_id: str
     speaker: str
     text: str
     date: str
+    at: datetime | None = None
 
 
 @dataclass
@@ -76,13 +90,25 @@ def load(path: Path) -> list[dict[str, Any]]:
     return data
 
 
+def session_start(date: str) -> datetime | None:
+    """When a conversation session began, from LoCoMo's wording (None: not that wording)."""
+    try:
+        return datetime.strptime(date.strip(), SESSION_DATE).replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
 def conversation_turns(conversation: dict[str, Any]) -> list[Turn]:
+    """Every turn in order, each timestamped 30 s after the one before from its session's
+    start (a session without a readable date leaves its turns to be stamped on writing)."""
     turns = []
     number = 1
     while f"session_{number}" in conversation:
         date = conversation.get(f"session_{number}_date_time", "")
-        for turn in conversation[f"session_{number}"]:
-            turns.append(Turn(turn["dia_id"], turn["speaker"], turn_text(turn), date))
+        start = session_start(date)
+        for index, turn in enumerate(conversation[f"session_{number}"]):
+            at = None if start is None else start + index * TURN_GAP
+            turns.append(Turn(turn["dia_id"], turn["speaker"], turn_text(turn), date, at))
         number += 1
     return turns
 
@@ -94,7 +120,9 @@ def write_turns(service: MemoryService, data: list[dict[str, Any]]) -> dict[tupl
         session = sample["sample_id"]
         for turn in conversation_turns(sample["conversation"]):
             meta = {"dia_id": turn.dia_id, "speaker": turn.speaker, "date": turn.date}
-            receipt = service.remember(turn.text, metadata=meta, session_id=session)
+            receipt = service.remember(
+                turn.text, metadata=meta, session_id=session, timestamp=turn.at
+            )
             keys[(session, turn.dia_id)] = receipt.key
     return keys
 
@@ -177,10 +205,23 @@ def fused(service: MemoryService, question: Question, floor: float | None = 0.0)
     return [row["id"] for row in answer["results"]]
 
 
+def by_conversation(ranked: Sequence[Sequence[str]], asked: Sequence[Question]) -> dict[str, float]:
+    """hit@10 within each conversation: a change that helps only one of them is a fit to it."""
+    sessions = sorted({question.session for question in asked})
+    return {
+        session: score(
+            [keys for keys, q in zip(ranked, asked, strict=True) if q.session == session],
+            [q for q in asked if q.session == session],
+        )["hit@10"]
+        for session in sessions
+    }
+
+
 def evaluate(
     service: MemoryService, asked: list[Question], baseline: Bm25Baseline, embedded: bool
 ) -> dict[str, Any]:
-    """Each leg alone, fused (no floor and at the default), the baseline and its naive RRF."""
+    """Each leg alone, fused (no floor and at the default), the baseline and its naive RRF;
+    fused and the naive RRF also per conversation."""
     runs: dict[str, Callable[[Question], list[str]]] = {
         "lexical leg": lambda q: lexical_leg(service, q),
         "fused": lambda q: fused(service, q),
@@ -192,7 +233,95 @@ def evaluate(
         runs["naive rrf baseline"] = lambda q: [
             k for k, _ in rrf([baseline.search(q.text, q.session), vector_leg(service, q)])
         ]
-    return {name: score([run(q) for q in asked], asked) for name, run in runs.items()}
+    found: dict[str, Any] = {}
+    for name, run in runs.items():
+        ranked = [run(q) for q in asked]
+        found[name] = score(ranked, asked)
+        if name in ("fused", "naive rrf baseline"):
+            found[name]["hit@10 per conversation"] = by_conversation(ranked, asked)
+    return found
+
+
+# What each part of recall was before issue 12's second round (the fusion that measured
+# 0.775), to score each part alone on top of it and the current recall without it.
+PREVIOUS: dict[str, Any] = {
+    "stop_words": False,
+    "coverage_weight": 0.0,
+    "reach": 1,
+    "context_share": 0.3,
+    "context_sources": 10,
+    "dates": False,
+}
+PARTS: dict[str, tuple[str, ...]] = {
+    "query stop words": ("stop_words",),
+    "coverage in the score (0.2)": ("coverage_weight",),
+    "context: 2 turns each way, share 0.5, best 20": ("reach", "context_share", "context_sources"),
+    "dates named in the query": ("dates",),
+}
+
+
+def current() -> dict[str, Any]:
+    """The shipped settings of every part in ``PREVIOUS``."""
+    fusion = Fusion()
+    return {
+        "stop_words": True,
+        "reach": CONTEXT_REACH,
+        "dates": True,
+        **{name: getattr(fusion, name) for name in PREVIOUS if hasattr(fusion, name)},
+    }
+
+
+def all_words(query: str) -> list[str]:
+    """The lexical leg's query words with its stop words kept, as before they were dropped."""
+    words = dict.fromkeys(w.lower() for w in re.findall(r"\w+", query) if len(w) > 1)
+    return sorted(words, key=len, reverse=True)[:16]
+
+
+@contextlib.contextmanager
+def configured(parts: dict[str, Any]) -> Iterator[None]:
+    """Recall run with ``parts`` instead of its shipped settings, for this block only."""
+    neighbours = store_recall.RecallQueries.neighbours
+    changes: list[tuple[object, str, object]] = [
+        (memory_core, "FUSION", Fusion(**{k: v for k, v in parts.items() if hasattr(Fusion, k)})),
+        (store_recall.RecallQueries, "neighbours", partialmethod(neighbours, reach=parts["reach"])),
+    ]
+    if not parts["stop_words"]:
+        changes.append((store_recall, "match_terms", all_words))
+    if not parts["dates"]:  # neither the date bonus nor the date's words held
+        changes.append((memory_core, "named_dates", lambda query: []))
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in changes]
+    for owner, name, value in changes:
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+
+
+def ablation(service: MemoryService, asked: list[Question]) -> dict[str, Any]:
+    """Fused hit@10 etc. after the drain: the previous fusion, each part alone on top of it,
+    the current one, and the current one without each part."""
+    new = current()
+    runs = {"previous fusion": PREVIOUS}
+    runs |= {
+        f"previous + {name}": {**PREVIOUS, **{k: new[k] for k in keys}}
+        for name, keys in PARTS.items()
+    }
+    runs["current fusion"] = new
+    runs |= {
+        f"current - {name}": {**new, **{k: PREVIOUS[k] for k in keys}}
+        for name, keys in PARTS.items()
+    }
+    found: dict[str, Any] = {}
+    for name, parts in runs.items():
+        with configured(parts):
+            ranked = [fused(service, q) for q in asked]
+        found[name] = {
+            **score(ranked, asked),
+            "hit@10 per conversation": by_conversation(ranked, asked),
+        }
+    return found
 
 
 def latency(service: MemoryService, asked: list[Question], session: bool) -> dict[str, float]:
@@ -237,18 +366,45 @@ def answer_relevance(service: MemoryService, asked: list[Question]) -> list[floa
     return values
 
 
-def run(path: Path, filler: int) -> dict[str, Any]:
+def embed_filler(service: MemoryService, db: Path, chunk: int = 2_000, seed: int = 11) -> float:
+    """Write a random unit vector for every bulk-inserted record straight into the vector
+    index, through the Chroma sink's own upsert (ids, documents and metadata as a delivery
+    writes them); returns seconds taken."""
+    import numpy as np
+
+    began = time.perf_counter()
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        keys = [
+            key
+            for (key,) in conn.execute("SELECT key FROM records WHERE origin = ?", (BULK_ORIGIN,))
+        ]
+    sink = service._vector_index()
+    rng = np.random.default_rng(seed)
+    for start in range(0, len(keys), chunk):
+        part = keys[start : start + chunk]
+        stored = service.outbox.get_records(part)
+        vectors = rng.standard_normal((len(part), 384)).astype(np.float32)
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        sink._upsert(
+            [(stored[key].record, vector) for key, vector in zip(part, vectors, strict=True)]
+        )
+    return time.perf_counter() - began
+
+
+def run(path: Path, filler: int, ablate: bool) -> dict[str, Any]:
     data = load(path)
     with tempfile.TemporaryDirectory(prefix="recall-bench-") as folder:
         settings = bench_settings(Path(folder), sinks="chroma", synchronous="NORMAL")
         service = MemoryService(open_outbox(settings))
         try:
-            return measure(service, data, filler)
+            return measure(service, data, filler, ablate)
         finally:
             service.close()
 
 
-def measure(service: MemoryService, data: list[dict[str, Any]], filler: int) -> dict[str, Any]:
+def measure(
+    service: MemoryService, data: list[dict[str, Any]], filler: int, ablate: bool
+) -> dict[str, Any]:
     began = time.perf_counter()
     keys = write_turns(service, data)
     write_s = time.perf_counter() - began
@@ -268,6 +424,8 @@ def measure(service: MemoryService, data: list[dict[str, Any]], filler: int) -> 
     result["drain_s"] = round(time.perf_counter() - began, 1)
     result["drained"] = str(report)[:200]
     result["after_drain"] = evaluate(service, asked, baseline, embedded=True)
+    if ablate:
+        result["ablation"] = ablation(service, asked)
     relevance = answer_relevance(service, asked)
     result["answer_relevance"] = {
         f"p{p}": round(percentile(relevance, p / 100), 3) for p in (5, 10, 25, 50)
@@ -278,15 +436,15 @@ def measure(service: MemoryService, data: list[dict[str, Any]], filler: int) -> 
         db = sqlite_path(service.outbox.settings.db_url)
         assert db is not None
         result["filler_insert_s"] = round(bulk_insert(db, filler, sinks=("chroma",)), 1)
+        result["filler_vectors_s"] = round(embed_filler(service, db), 1)
         result["filler"] = filler
+        result["vectors"] = service._vector_index().count()
         result["latency_filler"] = latency(service, asked, session=True)
         result["latency_filler_no_session"] = latency(service, asked, session=False)
     return result
 
 
 def machine() -> dict[str, Any]:
-    import os
-
     return {
         "python": platform.python_version(),
         "sqlite": sqlite3.sqlite_version,
@@ -301,11 +459,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--locomo", type=Path, default=DEFAULT_LOCOMO, help="the LoCoMo JSON")
     parser.add_argument("--filler", type=int, default=100_000, help="filler records (0: none)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--ablation", action="store_true", help="also score each part of the fusion alone"
+    )
     args = parser.parse_args(argv)
     if not args.locomo.exists():
         parser.error(f"no LoCoMo file at {args.locomo}")
     result = {"machine": machine(), "dataset": args.locomo.name, "min_relevance": MIN_RELEVANCE}
-    result.update(run(args.locomo, args.filler))
+    result["load_average"] = [round(value, 2) for value in os.getloadavg()]
+    result.update(run(args.locomo, args.filler, args.ablation))
+    result["load_average_after"] = [round(value, 2) for value in os.getloadavg()]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(result, indent=2))

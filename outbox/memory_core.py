@@ -54,9 +54,8 @@ PROMPT, THOUGHT, RESPONSE = "User Prompt: ", "\nAgent Thought: ", "\nAgent Respo
 VECTOR_SINK = BuiltinSink.CHROMA
 MAX_LIMIT = 100
 # How many hits each leg hands to the fusion, at least: room below the top for the other
-# leg's evidence to lift a memory. The vector leg goes deeper: its distances stay telling
-# further down than bm25's ranks, and a deeper read costs Chroma little.
-LEXICAL_DEPTH, VECTOR_DEPTH = 30, 50
+# leg's evidence to lift a memory.
+LEG_DEPTH = 20
 # The fusion chosen on the development split (docs/benchmarks.md).
 FUSION = Fusion()
 # The record metadata keys the BrainLayer sink reads a memory's type and project from.
@@ -258,13 +257,12 @@ class MemoryService:
             since=since,
             until=until,
         )
-        lexical = self.outbox.lexical_matches(
-            query, limit=max(LEXICAL_DEPTH, n_results), filters=filters
-        )
+        depth = max(LEG_DEPTH, n_results)
+        lexical = self.outbox.lexical_matches(query, limit=depth, filters=filters)
         vector: list[tuple[str, float]] = []
         degraded: str | None = None
         if VECTOR_SINK in self.outbox.settings.sinks:
-            vector, degraded = self._semantic(query, max(VECTOR_DEPTH, n_results), filters)
+            vector, degraded = self._semantic(query, depth, filters)
         stored = self.outbox.get_records({key for key, _ in [*lexical.hits, *vector]})
         weights = TermWeights.of(lexical.counts, lexical.total, lexical.cap)
         when = named_dates(query)

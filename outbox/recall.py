@@ -204,7 +204,7 @@ class Fusion:
     """
 
     lexical_weight: float = 1.0
-    vector_weight: float = 1.0
+    vector_weight: float = 0.8
     k: int = 5
     # Reciprocal ranks only order each leg; the weighted share of the query's words a memory
     # holds also tells two memories apart that the legs rank alike.
