@@ -249,13 +249,12 @@ PREVIOUS: dict[str, Any] = {
     "coverage_weight": 0.0,
     "reach": 1,
     "context_share": 0.3,
-    "context_sources": 10,
     "dates": False,
 }
 PARTS: dict[str, tuple[str, ...]] = {
     "query stop words": ("stop_words",),
     "coverage in the score (0.2)": ("coverage_weight",),
-    "context: 2 turns each way, share 0.5, best 20": ("reach", "context_share", "context_sources"),
+    "context: 2 turns each way, share 0.5": ("reach", "context_share"),
     "dates named in the query": ("dates",),
 }
 

@@ -213,7 +213,7 @@ class Fusion:
     # share of its score: an answer often sits in the reply to the turn whose words the
     # query shares, or in the same speaker's next turn.
     context_share: float = 0.5
-    context_sources: int = 20
+    context_sources: int = 10
     # A memory written on a date the query names ("on 7 July, 2023") gains this much: about
     # two thirds of what a first place in one leg is worth.
     date_bonus: float = 0.12
