@@ -185,7 +185,14 @@ def test_add_and_drain_through_a_faulty_sink(
                 if remaining[PENDING] == 0 and remaining[LEASED] == 0:
                     break
                 time.sleep(0.05)  # let the backoff of the transient failures pass
-        assert remaining == {PENDING: 0, LEASED: 0, DELIVERED: 40, DEAD: 1, DISCARDED: 0}
+        assert remaining == {
+            PENDING: 0,
+            LEASED: 0,
+            DELIVERED: 40,
+            DEAD: 1,
+            DISCARDED: 0,
+            DeliveryState.FORGOTTEN: 0,
+        }
         rows = opened.storage.deliveries.deliveries_for([r.key for r in good])
         assert max(row.attempts for rs in rows.values() for row in rs) > 1, "no fault injected"
         (dead,) = opened.storage.deliveries.deliveries_for([poison.key])[poison.key]
@@ -197,9 +204,11 @@ def test_add_and_drain_through_a_faulty_sink(
         assert status["records"] == 41 and status["dead_letters"] == 1
 
 
-def _drain_process(db_url: str, home: str, owner: str, start: Any, out: Any) -> None:
+def _drain_process(db_url: str, home: str, markdown: str, owner: str, start: Any, out: Any) -> None:
     try:
-        settings = load_settings(env={}, db_url=db_url, home=Path(home), sinks=FAULTY)
+        settings = load_settings(
+            env={}, db_url=db_url, home=Path(home), markdown_dir=Path(markdown), sinks=FAULTY
+        )
         with Outbox.open(settings) as opened:
             start.wait(60)
             report = opened.drain(timeout=120, batch_size=8)
@@ -215,8 +224,11 @@ def test_two_dispatcher_processes_deliver_each_record_once(
     monkeypatch.setenv("OUTBOX_FAULTY_DB", str(faulty_db))
     total = 300
     seed(ob.storage, total, sinks=(FAULTY,), now=time.time() - 1)
-    url, home = ob.settings.db_url, str(ob.settings.home)
-    results = run_processes(_drain_process, [(url, home, "drain-0"), (url, home, "drain-1")])
+    # The dispatchers run on the writer's machine: the same home and mirrors.
+    url, home, md = ob.settings.db_url, str(ob.settings.home), str(ob.settings.markdown_dir)
+    results = run_processes(
+        _drain_process, [(url, home, md, "drain-0"), (url, home, md, "drain-1")]
+    )
     assert sum(delivered for _owner, (delivered,) in results) == total
     copies = _faulty_copies(faulty_db)
     assert len(copies) == total and set(copies.values()) == {1}, "a record was delivered twice"
@@ -230,7 +242,10 @@ def test_two_dispatcher_processes_deliver_each_record_once(
 def _open_process(db_url: str, home: str, owner: str, start: Any, out: Any) -> None:
     try:
         start.wait(60)
-        settings = load_settings(env={}, db_url=db_url, home=Path(home), sinks=FAULTY)
+        # Each process is a machine of its own (its own home and mirrors) on one database.
+        settings = load_settings(
+            env={}, db_url=db_url, home=Path(home), sinks=FAULTY, mirror_id=owner
+        )
         with Outbox.open(settings, sinks=FAULTY) as opened:
             out.put((owner, [migrate.current_revision(opened.engine) or ""]))
     except BaseException as exc:

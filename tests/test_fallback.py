@@ -436,7 +436,9 @@ def test_corrupt_database_file(settings: Settings) -> None:
         for line in status.stderr.decode("utf-8").splitlines()
         if not line.startswith(("outbox: WARNING", "outbox: ERROR"))
     ]
-    assert errors == ["outbox: DatabaseError: (sqlite3.DatabaseError) file is not a database"]
+    (error,) = errors  # one line naming the file, what is wrong and what to do
+    assert f"cannot read the database {db} (file is not a database)" in error
+    assert "`outbox rebuild`" in error
     # The operator moves the broken file aside; the next open builds a fresh database and
     # imports everything the fallback queue holds.
     db.rename(db.with_name("outbox.db.corrupt"))
