@@ -18,6 +18,7 @@ from outbox.errors import OutboxError, ValidationError
 from outbox.folders import ensure_private_dir
 from outbox.mirror import markdown, matter
 from outbox.mirror.jsonl import accepted_event
+from outbox.mirror.log_lines import lines_naming
 
 if TYPE_CHECKING:
     from outbox.config import Settings
@@ -93,11 +94,7 @@ class Catalog:
             }
             for row in rows
         ]
-        lines = [
-            number
-            for number, line in enumerate(self.mirrors.jsonl.lines(), start=1)
-            if line.event.get("key") == key
-        ]
+        lines = [line.number for line in lines_naming(self.mirrors.jsonl.path, key)]
         path = self.mirrors.path(stored.markdown_name).absolute()
         return RecordView(stored, sinks, path, lines)
 

@@ -214,6 +214,7 @@ def test_a_forget_cut_off_after_its_commit_is_finished_at_the_next_open(
     with Outbox.open(settings) as ob:
         first = ob.add(SECRET).key
         second = ob.add(OTHERS[0] + " marmalade").key
+        assert ob.wait_mirrored(10)  # the files the mirror writer writes after the commit
         path = ob.markdown_path(first)
         assert path is not None and path.exists()
         ob.storage.forgetting.forget(first, settings.sinks)  # killed right after the commit

@@ -15,9 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from outbox.mirror.log_lines import lines_naming
 from outbox.states import DeliveryState
 from outbox.ui.charts import Chart, activity_chart
-from outbox.ui.log_lines import lines_naming
 
 if TYPE_CHECKING:
     from outbox.api import Outbox

@@ -1,6 +1,7 @@
 """The JSONL log's lines that name one record, found without parsing the others.
 
-A memory's page shows them, and a page must answer quickly at any log size: parsing every
+``outbox show`` and the dashboard's memory page show them, and both must answer quickly at
+any log size: parsing every
 line of a 100,000-record log takes most of a second, while looking for the key's bytes in
 the mapped file takes milliseconds. Only the lines holding the key are parsed, and kept
 when their ``key`` field really is it; line numbers come from counting newlines chunk by
