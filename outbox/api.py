@@ -410,6 +410,6 @@ class Outbox:
         return self.storage.recall.lexical(query, limit=limit, filters=filters)
 
     def session_neighbours(self, keys: Iterable[str]) -> dict[str, list[str]]:
-        """Each memory's neighbours in its session (just before, just after): recall lends
+        """Each memory's neighbours in its session (up to two turns each way): recall lends
         a hit's context to the turns around it."""
         return self.storage.recall.neighbours(keys)

@@ -13,6 +13,10 @@ if TYPE_CHECKING:
     from outbox.memory_core import MemoryService
 
 
+# Wide enough for every leg at once: lexical+vector+context+date.
+_LEGS = 27
+
+
 def _clip(text: str, width: int) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= width else flat[: width - 1] + "…"
@@ -51,7 +55,8 @@ def _search_line(row: dict[str, Any]) -> str:
     legs = "+".join(row["legs"])
     bm25 = "-" if row.get("bm25") is None else f"{row['bm25']:.2f}"
     distance = "-" if row.get("distance") is None else f"{row['distance']:.3f}"
-    return f"{legs:<22} {row['relevance']:>9.2f} {bm25:>7} {distance:>8}  {row['timestamp']:<27}"
+    when = row["timestamp"]
+    return f"{legs:<{_LEGS}} {row['relevance']:>9.2f} {bm25:>7} {distance:>8}  {when:<27}"
 
 
 def cmd_search(args: argparse.Namespace) -> int:
@@ -70,7 +75,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     )
     lines = _table(
         answer["results"],
-        f"{'legs':<22} {'relevance':>9} {'bm25':>7} {'distance':>8}  {'timestamp':<27}",
+        f"{'legs':<{_LEGS}} {'relevance':>9} {'bm25':>7} {'distance':>8}  {'timestamp':<27}",
         _search_line,
         f"no memories match (relevance below {answer['minRelevance']:.2f} left out)",
     )
