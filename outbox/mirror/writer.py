@@ -76,6 +76,7 @@ class MirrorWriter(Generic[Item]):
                     lambda: self._queued < MAX_QUEUED,
                     None if deadline is None else max(0.0, deadline - time.monotonic()),
                 )
+            first = not self._queue
             self._queue.append((time.monotonic(), items))
             self._queued += len(items)
             if self._thread is None or not self._thread.is_alive():
@@ -83,7 +84,8 @@ class MirrorWriter(Generic[Item]):
                     target=self._run, name="outbox-mirror-writer", daemon=True
                 )
                 self._thread.start()
-            self._ready.notify_all()
+            if first or self._queued >= COALESCE_RECORDS:  # else it is gathering: let it be
+                self._ready.notify_all()
 
     def _run(self) -> None:
         while True:
