@@ -272,4 +272,4 @@ class MirrorSync:
                 report.front_matter_updated += 1
                 if body != content:
                     report.files_written += 1
-        self.storage.mirror_state.clear_mirror_pending([row.delivery_id for row in rows])
+        self.storage.mirror_state.clear_mirror_pending(rows)

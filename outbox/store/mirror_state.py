@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import Engine, Table, select, update
+from sqlalchemy import Engine, Table, bindparam, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from outbox.store.delivery_reads import DeliveryRow, row_to_delivery
@@ -85,13 +85,23 @@ class MirrorStateStore:
             ).all()
         return [row_to_delivery(row) for row in rows]
 
-    def clear_mirror_pending(self, delivery_ids: Sequence[int]) -> None:
-        """Mark these outcomes mirrored."""
-        if not delivery_ids:
+    def clear_mirror_pending(self, mirrored: Sequence[DeliveryRow]) -> None:
+        """Mark these outcomes mirrored, each only if its row is still as it was read: a
+        dispatcher may have settled it again meanwhile (another attempt, another state),
+        and that outcome still needs its own line."""
+        if not mirrored:
             return
         with self.engine.begin() as conn:
             conn.execute(
                 update(deliveries)
-                .where(deliveries.c.id.in_(list(delivery_ids)))
-                .values(mirror_pending=0)
+                .where(
+                    deliveries.c.id == bindparam("m_id"),
+                    deliveries.c.state == bindparam("m_state"),
+                    deliveries.c.attempts == bindparam("m_attempts"),
+                )
+                .values(mirror_pending=0),
+                [
+                    {"m_id": row.delivery_id, "m_state": row.state, "m_attempts": row.attempts}
+                    for row in mirrored
+                ],
             )

@@ -292,8 +292,14 @@ class StorageConformance:
         store.release("a")
         (second,) = store.claim(SECOND, "a", limit=1, lease_seconds=LEASE, now=t0)
         store.settle("a", [(second.delivery_id, "n")], [], now=t0 + 1)
-        mirrored = [claims[old_done].delivery_id, claims[new_done].delivery_id, second.delivery_id]
-        storage.mirror_state.clear_mirror_pending(mirrored)
+        mirrored = {claims[old_done].delivery_id, claims[new_done].delivery_id, second.delivery_id}
+        storage.mirror_state.clear_mirror_pending(
+            [
+                row
+                for row in storage.mirror_state.mirror_pending(ORIGIN)
+                if row.delivery_id in mirrored
+            ]
+        )
         assert store.prune_delivered([FIRST], older_than=t0 + 50) == 1
         remaining = {(r.key, r.sink) for rs in store.deliveries_for(keys).values() for r in rs}
         assert (old_done, FIRST) not in remaining
@@ -373,9 +379,28 @@ class StorageConformance:
         state = storage.mirror_state
         assert [row.delivery_id for row in state.mirror_pending("here")] == here
         assert [row.delivery_id for row in state.mirror_pending("here", limit=4)] == here[:4]
-        state.clear_mirror_pending(here[:2])
+        state.clear_mirror_pending(state.mirror_pending("here", limit=2))
         state.clear_mirror_pending([])
         assert [row.delivery_id for row in state.mirror_pending("here")] == here[2:]
+
+    def test_an_outcome_settled_again_while_being_mirrored_keeps_its_flag(
+        self, storage: Storage
+    ) -> None:
+        """The mirror sync reads a row, a dispatcher settles it again (another attempt),
+        then the sync clears what it read: the newer outcome must still get its line."""
+        (key,) = seed(storage, 1, sinks=(FIRST,), now=100.0)
+        store = storage.deliveries
+        (claim,) = store.claim(FIRST, "a", limit=1, lease_seconds=LEASE, now=101.0)
+        store.settle("a", [], [(claim.delivery_id, "busy", "db_busy", 102.0)], now=101.5)
+        (read,) = storage.mirror_state.mirror_pending(ORIGIN)
+        assert (read.state, read.attempts) == (PENDING, 1)
+        (again,) = store.claim(FIRST, "b", limit=1, lease_seconds=LEASE, now=103.0)
+        store.settle("b", [(again.delivery_id, "id-2")], [], now=104.0)
+        storage.mirror_state.clear_mirror_pending([read])
+        (left,) = storage.mirror_state.mirror_pending(ORIGIN)
+        assert (left.key, left.state, left.attempts) == (key, DELIVERED, 2)
+        storage.mirror_state.clear_mirror_pending([left])
+        assert storage.mirror_state.mirror_pending(ORIGIN) == []
 
     # -- concurrency ------------------------------------------------------------------------
 
