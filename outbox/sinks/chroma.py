@@ -292,11 +292,6 @@ class ChromaSink:
             raise failure from exc
         return [Deleted(item.key) for item in items]
 
-    def holds(self, keys: Sequence[str]) -> list[str]:
-        """Which of ``keys`` the collection holds."""
-        found: list[str] = self._call("holds", list(keys))
-        return found
-
     def search(
         self, query: str, n_results: int = 5, where: Mapping[str, Any] | None = None
     ) -> SearchHits:

@@ -174,12 +174,6 @@ class CollectionOps:
         """Remove these documents; an id the collection does not hold is no error."""
         self._with(name, embedding, lambda c: c.delete(ids=ids))
 
-    def holds(self, name: str, embedding: str, ids: list[str]) -> list[str]:
-        """Which of ``ids`` the collection holds (a forget's proof that they are gone)."""
-        return [
-            str(i) for i in self._with(name, embedding, lambda c: c.get(ids=ids, include=[]))["ids"]
-        ]
-
     def drop(self, name: str, embedding: str) -> bool:
         """Delete collection ``name`` (an index a reindex replaced); False when it was not
         there. ``embedding`` is unused: every operation takes the same leading arguments."""

@@ -35,7 +35,7 @@ from outbox.sinks.base import Transient
 from outbox.states import FailureReason
 
 OWNER_LOCK = "outbox-owner.lock"
-OPS = frozenset({"open", "upsert", "query", "count", "drop", "delete", "holds"})
+OPS = frozenset({"open", "upsert", "query", "count", "drop", "delete"})
 _HEADER = struct.Struct("!Q")
 # The sink's own bound comes a little after the dispatcher's, which normally fires first.
 _GRACE = 1.0
