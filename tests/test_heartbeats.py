@@ -105,7 +105,9 @@ def test_status_shows_one_dispatcher_alive_and_the_killed_one_gone(
     assert alive["beat_age"] < alive["gone_after"]
     assert alive["host"] == gone["host"] and alive["sinks"] == [env["OUTBOX_SINKS"]]
     assert alive["delivered"] + gone["delivered"] == 60, "every record counted once, by one"
-    assert alive["started_at"] <= alive["beat_at"] and alive["last_batch_at"] is not None
+    assert alive["started_at"] <= alive["beat_at"]
+    # Either daemon may have taken every batch: a last batch exactly when it delivered some.
+    assert (alive["last_batch_at"] is not None) == (alive["delivered"] > 0)
 
     text = run_cli(["status"], cwd=tmp_path, env=env).stdout.decode()
     lines = {pid: line for pid in found for line in text.splitlines() if f":{pid} " in line}
