@@ -32,7 +32,7 @@ from sqlalchemy.sql.elements import TextClause
 
 from outbox.recall import RecallFilter
 from outbox.states import DeliveryState
-from outbox.store.recall import RecentRow
+from outbox.store.recall import RecentRow, recent_row
 from outbox.store.recall_filters import postgres_clause, sqlite_clause
 from outbox.store.schema import deliveries, graph_nodes, records
 
@@ -112,7 +112,7 @@ class BrowseQueries:
         if tag is not None:
             query = query.where(self._condition(RecallFilter(tags=(tag,))))
         with self.reader.connect() as conn:
-            return [_recent_row(row) for row in conn.execute(query).all()]
+            return [recent_row(row) for row in conn.execute(query).all()]
 
     def _scan(
         self, limit: int, filters: RecallFilter, before: tuple[str, str] | None
@@ -147,7 +147,7 @@ class BrowseQueries:
             .order_by(newest.c.ts.desc(), newest.c.key.desc())
         )
         with self.reader.connect() as conn:
-            return [_recent_row(row) for row in conn.execute(query).all()]
+            return [recent_row(row) for row in conn.execute(query).all()]
 
     def _condition(self, filters: RecallFilter) -> ColumnElement[bool] | TextClause:
         """The recall filter's own SQL, so browsing and recall agree on what a filter
@@ -233,16 +233,3 @@ def _may_hold(tag: str) -> ColumnElement[bool]:
     needles = {json.dumps(tag), json.dumps(tag, ensure_ascii=False)}
     text_of = type_coerce(records.c.tags, Text)  # the stored text, not a JSON value
     return or_(*(func.instr(text_of, literal(needle, Text)) > 0 for needle in sorted(needles)))
-
-
-def _recent_row(row: Any) -> RecentRow:
-    return RecentRow(
-        key=row.id,
-        timestamp=row.ts,
-        session_id=row.session_id,
-        agent=row.agent,
-        content=row.content,
-        importance=row.importance,
-        tags=list(row.tags or []),
-        metadata=dict(row.meta or {}),
-    )

@@ -55,6 +55,20 @@ class RecentRow:
     metadata: dict[str, Any]
 
 
+def recent_row(row: Any) -> RecentRow:
+    """A memory row (its graph node joined with its record) as a RecentRow."""
+    return RecentRow(
+        key=row.id,
+        timestamp=row.ts,
+        session_id=row.session_id,
+        agent=row.agent,
+        content=row.content,
+        importance=row.importance,
+        tags=list(row.tags or []),
+        metadata=dict(row.meta or {}),
+    )
+
+
 class RecallQueries:
     """Recall's reads over one reader engine, with its database's overlay chosen once."""
 
@@ -99,19 +113,7 @@ class RecallQueries:
             )
         with self.reader.connect() as conn:
             rows = conn.execute(query).all()
-        return [
-            RecentRow(
-                key=row.id,
-                timestamp=row.ts,
-                session_id=row.session_id,
-                agent=row.agent,
-                content=row.content,
-                importance=row.importance,
-                tags=list(row.tags or []),
-                metadata=dict(row.meta or {}),
-            )
-            for row in rows
-        ]
+        return [recent_row(row) for row in rows]
 
     def neighbours(self, keys: Iterable[str], reach: int = CONTEXT_REACH) -> dict[str, list[str]]:
         """Each memory's neighbours in its session: the ``reach`` written just before it and
