@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     )
     from outbox.store.delivery_reads import DeliveryRow
     from outbox.store.recall import RecentRow
-    from outbox.store.records import StoredRecord
+    from outbox.store.rows import StoredRecord
 
 __version__ = "0.1.0"
 

@@ -33,7 +33,7 @@ from outbox.safe_files import check_store
 from outbox.states import ReceiptStatus
 from outbox.store import migrate
 from outbox.store.bounded import call_within
-from outbox.store.engine import make_engine, sqlite_path
+from outbox.store.engine import make_engine, sqlite_path, sqlite_writer
 from outbox.store.storage import Storage
 from outbox.write import WRITE_MARGIN_SECONDS, Writer
 
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from outbox.replay import Replayer, ReplayReport
     from outbox.store.delivery_reads import DeliveryRow
     from outbox.store.recall import LexicalHits, RecentRow
-    from outbox.store.records import StoredRecord
+    from outbox.store.rows import StoredRecord
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ class Outbox:
             sinks=settings.sinks,
             origin=settings.mirror_id,
             busy_timeout=settings.busy_timeout,
+            connect=sqlite_writer(settings),
         )
         self.fallback = FallbackQueue(settings.markdown_dir, settings.sinks)
         self.dead = DeadLetters(self.storage, self.mirrors)
@@ -216,7 +217,9 @@ class Outbox:
         fresh connection.
         """
         record = self.prepare(content, **fields)
-        accepted = self.writer.insert(conn, record, time.time())
+        # The SQLite write path runs on the bare driver, inside the caller's transaction.
+        target = conn.connection.driver_connection if self.settings.is_sqlite else conn
+        accepted = self.writer.insert(target, record, time.time())
         return self.writer.receipt(accepted)
 
     def add_listener(self, callback: Callable[[], object]) -> Callable[[], None]:

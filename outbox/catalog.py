@@ -23,7 +23,7 @@ from outbox.mirror.log_lines import lines_naming
 if TYPE_CHECKING:
     from outbox.config import Settings
     from outbox.mirror.mirrors import Mirrors
-    from outbox.store.records import StoredRecord
+    from outbox.store.rows import StoredRecord
     from outbox.store.storage import Storage
 
 _HEX = re.compile(r"[0-9a-f]{1,64}")

@@ -37,7 +37,7 @@ from outbox.config import Settings
 from outbox.errors import ConfigError, OutboxError
 from outbox.folders import ensure_private_dir
 from outbox.sinks.chroma_index import ActiveIndex, IndexPointer, read_json, write_json_atomically
-from outbox.store.records import StoredRecord, row_to_record
+from outbox.store.rows import StoredRecord, row_to_record
 from outbox.store.schema import records
 
 if TYPE_CHECKING:

@@ -4,17 +4,19 @@ A receipt promises the commit. The record's JSONL line and markdown file follow 
 it, written by the mirror writer's thread in commit order (``Mirrors.defer``), so a caller
 never waits for its files; ``wait_mirrored`` is there for one that needs them.
 
-This module imports no sink, no model and no chromadb: a write can never wait on them.
+This module imports no sink, no model and no chromadb: a write can never wait on them. On
+SQLite it does not need SQLAlchemy either: its transaction runs on the bare driver
+(``store/sqlite_writes.py``), so ``outbox add`` can write without importing the toolkit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-
-from sqlalchemy import Connection
+from typing import TYPE_CHECKING, Any, Protocol
 
 from outbox.group_commit import GroupCommit
 from outbox.mirror.mirrors import Mirrors, NewMirror
@@ -23,13 +25,37 @@ from outbox.record import Record
 from outbox.slugs import markdown_filename
 from outbox.states import DeliveryState, ReceiptStatus
 from outbox.store.bounded import call_within
-from outbox.store.storage import Storage
-from outbox.store.wakeup import notify
+from outbox.store.rows import StoredRecord
+from outbox.store.sqlite_writes import SqliteRows
+
+if TYPE_CHECKING:
+    from outbox.store.storage import Storage
 
 # Beyond the busy timeout, what a write may take for its own statements.
 WRITE_MARGIN_SECONDS = 0.5
 # How far past its bound a write may go before its database wait is shortened to fit.
 BOUND_TOLERANCE_SECONDS = 0.05
+
+
+class RowWrites(Protocol):
+    """The statements of a write, inside the transaction on ``conn``: a bare ``sqlite3``
+    connection for ``SqliteRows``, a SQLAlchemy one for ``RecordStore`` (PostgreSQL)."""
+
+    def lookup_many(
+        self, conn: Any, keys: Sequence[str], names: Sequence[str]
+    ) -> tuple[set[str], dict[str, str]]: ...
+
+    def insert_records(
+        self,
+        conn: Any,
+        named: Sequence[tuple[Record, str]],
+        *,
+        sinks: Sequence[str],
+        origin: str,
+        now: float,
+    ) -> list[int | None]: ...
+
+    def get_record(self, key: str, conn: Any) -> StoredRecord | None: ...
 
 
 @dataclass(frozen=True)
@@ -58,6 +84,10 @@ class Writer:
     Concurrent callers in one process share a transaction (group commit): while one
     transaction commits, the callers that arrive queue up, and the next one to lead commits
     all of them at once, so they pay one fsync between them instead of one each.
+
+    ``connect`` (SQLite) opens the writer's own bare-driver connection; without it the
+    transaction is a SQLAlchemy one on ``storage.engine`` (PostgreSQL). ``storage`` is
+    otherwise only read for a duplicate's delivered ids.
     """
 
     def __init__(
@@ -68,6 +98,7 @@ class Writer:
         sinks: Sequence[str],
         origin: str,
         busy_timeout: float,
+        connect: Callable[[], sqlite3.Connection] | None = None,
     ) -> None:
         self.storage = storage
         self.mirrors = mirrors
@@ -75,14 +106,14 @@ class Writer:
         self.origin = origin
         self.busy_timeout = busy_timeout
         self.queue: GroupCommit[Prepared, Accepted] = GroupCommit(self._transact)
-        self._connection: Connection | None = None
+        self.connect = connect
+        self.rows: RowWrites = SqliteRows() if connect is not None else storage.records
+        self._connection: sqlite3.Connection | None = None
 
     # -- the transaction ------------------------------------------------------------------
 
-    def insert(
-        self, conn: Connection, record: Record, now: float, adopt: str | None = None
-    ) -> Accepted:
-        """Insert inside ``conn``'s transaction; a known key writes nothing.
+    def insert(self, conn: Any, record: Record, now: float, adopt: str | None = None) -> Accepted:
+        """Insert inside ``conn``'s transaction (see ``RowWrites``); a known key writes nothing.
 
         ``adopt`` names an existing markdown file (a fallback or legacy file) that becomes
         the record's mirror instead of a new one.
@@ -90,9 +121,7 @@ class Writer:
         (accepted,) = self.insert_group(conn, [Prepared(record, None, adopt)], now)
         return accepted
 
-    def insert_group(
-        self, conn: Connection, items: Sequence[Prepared], now: float
-    ) -> list[Accepted]:
+    def insert_group(self, conn: Any, items: Sequence[Prepared], now: float) -> list[Accepted]:
         """Insert a group inside ``conn``'s transaction with one lookup and one statement
         per table; one Accepted per item, in order. A key already stored, or earlier in the
         group, writes nothing and comes back as a duplicate."""
@@ -100,9 +129,7 @@ class Writer:
             item.adopt or markdown_filename(item.record.timestamp, item.record.slug)
             for item in items
         ]
-        stored, owners = self.storage.records.lookup_many(
-            conn, [item.record.key for item in items], names
-        )
+        stored, owners = self.rows.lookup_many(conn, [item.record.key for item in items], names)
         slots: list[Accepted | None] = []
         first: dict[str, int] = {}  # key -> the position of its first, written occurrence
         fresh: list[tuple[int, Record, str]] = []
@@ -121,7 +148,7 @@ class Writer:
             first[record.key] = position
             fresh.append((position, record, name))
             slots.append(None)
-        seqs = self.storage.records.insert_records(
+        seqs = self.rows.insert_records(
             conn,
             [(record, name) for _, record, name in fresh],
             sinks=self.sinks,
@@ -137,14 +164,14 @@ class Writer:
         ]
 
     def _duplicate(
-        self, conn: Connection, key: str, slots: list[Accepted | None], first: dict[str, int]
+        self, conn: Any, key: str, slots: list[Accepted | None], first: dict[str, int]
     ) -> Accepted:
         """A key written before (or by a writer that does not hold our mirror lock, racing
         this one) or earlier in this group: what is stored, marked duplicate."""
         earlier = slots[first[key]] if key in first else None
         if earlier is not None:
             return replace(earlier, seq=None, duplicate=True)
-        existing = self.storage.records.get_record(key, conn)
+        existing = self.rows.get_record(key, conn)
         assert existing is not None
         return Accepted(existing.record, None, existing.markdown_name, True)
 
@@ -177,7 +204,7 @@ class Writer:
     def _transact(self, items: Sequence[Prepared], deadline: float) -> list[Accepted]:
         """The transaction under the mirror lock; on PostgreSQL cut off at ``deadline`` if
         the server stops answering (``store/bounded.py``)."""
-        if self.storage.dialect == "sqlite":
+        if self.connect is not None:
             return self._transact_here(items, deadline)
         return call_within(
             # A group that queued to the edge of its bound still gets a moment to commit.
@@ -193,7 +220,6 @@ class Writer:
             now = time.time()
             with self._transaction(deadline) as conn:
                 accepted = self.insert_group(conn, items, now)
-                notify(conn)
             self.mirrors.defer(
                 [
                     NewMirror(done.record, done.seq or 0, done.markdown_name, item.data)
@@ -205,39 +231,42 @@ class Writer:
         return accepted
 
     @contextlib.contextmanager
-    def _transaction(self, deadline: float) -> Iterator[Connection]:
+    def _transaction(self, deadline: float) -> Iterator[Any]:
         """A transaction whose wait for the database lock ends by ``deadline`` (less the
         margin for statements), whatever waiting for the mirror lock used.
 
-        SQLite runs it on the writer's own connection, kept between writes, which saves a pool
-        checkout and return per write. Only the thread holding the mirror lock uses
-        it; one that saw an error is dropped and the next write opens another. PostgreSQL
-        keeps the pool, whose pre-ping notices a restarted server.
+        SQLite runs it on the writer's own bare-driver connection, kept between writes: no
+        pool checkout per write, and no SQLAlchemy. Only the thread holding the mirror lock
+        uses it; one that saw an error is dropped and the next write opens another.
+        PostgreSQL keeps the pool, whose pre-ping notices a restarted server, and queues a
+        wake-up for the dispatchers that is sent at commit.
         """
         budget = deadline - time.monotonic() - WRITE_MARGIN_SECONDS
         # Only when waiting used a noticeable part of the bound: two extra statements a write.
         shortened = budget < self.busy_timeout - BOUND_TOLERANCE_SECONDS
-        if self.storage.dialect != "sqlite":
+        if self.connect is None:
+            from outbox.store.wakeup import notify
+
             with self.storage.engine.begin() as conn:
                 if shortened:  # 0 would mean "wait forever" here
                     timeout_ms = max(1, int(budget * 1000))
                     conn.exec_driver_sql(f"SET LOCAL lock_timeout = {timeout_ms}")
                 yield conn
+                notify(conn)
             return
         if self._connection is None:
-            self._connection = self.storage.engine.connect()
-        conn = self._connection
+            self._connection = self.connect()
+        driver = self._connection
         try:
-            driver = conn.connection.driver_connection
-            assert driver is not None
             if shortened:
                 driver.execute(f"PRAGMA busy_timeout = {max(0, int(budget * 1000))}")
-            with conn.begin():
-                yield conn
+            driver.execute("BEGIN IMMEDIATE")
+            yield driver
+            driver.execute("COMMIT")
             if shortened:
                 driver.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
         except BaseException:
-            self.close()
+            self.close()  # closing a connection inside a transaction rolls it back
             raise
 
     def wait_mirrored(self, timeout: float | None = None) -> bool:

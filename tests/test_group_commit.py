@@ -12,29 +12,63 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import event
 
 from outbox import Outbox, Receipt, Settings
 from outbox.record import build_record
 from outbox.slugs import markdown_filename
 from outbox.states import ReceiptStatus
+from outbox.store.engine import sqlite_path
+from outbox.store.sqlite_writes import apply_discipline
 
 TS = "2026-11-29T08:00:00.000000Z"
 
 
 class Gate:
     """Holds the first transaction's COMMIT until ``ready()`` is true, counts commits, and
-    fails the commits named in ``fail`` (a database that stopped taking writes)."""
+    fails the commits named in ``fail`` (a database that stopped taking writes).
 
-    def __init__(self, ob: Outbox, ready: Callable[[], bool], fail: frozenset[int] = frozenset()):
-        self.engine = ob.storage.engine
+    It sits in the writer's own bare-driver connection (the SQLite write path runs no
+    SQLAlchemy), opened as a subclass of ``sqlite3.Connection`` that sees each COMMIT.
+    """
+
+    def __init__(
+        self,
+        ob: Outbox,
+        ready: Callable[[], bool],
+        fail: frozenset[int] = frozenset(),
+        before_commit: Callable[[], object] | None = None,
+    ):
+        self.writer = ob.writer
         self.ready = ready
         self.fail = fail
+        self.before_commit = before_commit
         self.commits = 0
-        event.listen(self.engine, "commit", self._on_commit)
+        self.original = ob.writer.connect
+        path = sqlite_path(ob.settings.db_url)
+        assert path is not None
+        gate = self
 
-    def _on_commit(self, _conn: Any) -> None:
+        class Gated(sqlite3.Connection):
+            def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+                if sql == "COMMIT":
+                    gate._on_commit()
+                return super().execute(sql, *args)
+
+        def connect() -> sqlite3.Connection:
+            conn = sqlite3.connect(path, check_same_thread=False, factory=Gated)
+            busy_ms = int(ob.settings.busy_timeout * 1000)
+            apply_discipline(
+                conn, busy_ms=busy_ms, synchronous=ob.settings.synchronous, writer=True
+            )
+            return conn
+
+        ob.writer.close()  # the next write opens a gated connection
+        ob.writer.connect = connect
+
+    def _on_commit(self) -> None:
         self.commits += 1
+        if self.before_commit is not None:
+            self.before_commit()
         if self.commits == 1:
             deadline = time.monotonic() + 10
             while not self.ready() and time.monotonic() < deadline:
@@ -43,7 +77,8 @@ class Gate:
             raise sqlite3.OperationalError("disk I/O error")
 
     def remove(self) -> None:
-        event.remove(self.engine, "commit", self._on_commit)
+        self.writer.close()
+        self.writer.connect = self.original
 
 
 def queued(ob: Outbox, count: int) -> Callable[[], bool]:
@@ -176,7 +211,7 @@ def test_an_interrupted_leader_sends_the_others_to_the_fallback_and_hands_on(ob:
     in its group fall back (nothing lost), and the next write in the process still commits."""
 
     class Interrupting(Gate):
-        def _on_commit(self, conn: Any) -> None:
+        def _on_commit(self) -> None:
             self.commits += 1
             if self.commits == 1:
                 wait_until(self.ready)
@@ -245,14 +280,14 @@ def test_a_name_taken_by_a_fallback_file_during_the_commit_moves_the_record(ob: 
     ob.markdown_dir.mkdir(parents=True, exist_ok=True)
     chosen = ob.markdown_dir / markdown_filename(record.timestamp, record.slug)
 
-    def create_foreign_file(_conn: Any) -> None:
+    def create_foreign_file() -> None:
         chosen.write_bytes(foreign)
 
-    event.listen(ob.storage.engine, "commit", create_foreign_file)
+    gate = Gate(ob, lambda: True, before_commit=create_foreign_file)
     try:
         receipt = ob.add(content, timestamp=TS)
     finally:
-        event.remove(ob.storage.engine, "commit", create_foreign_file)
+        gate.remove()
 
     assert receipt.status == ReceiptStatus.QUEUED
     assert ob.wait_mirrored(10)
@@ -271,16 +306,18 @@ def test_a_group_is_written_with_one_statement_per_table(ob: Outbox) -> None:
     statement (the other tables' rows in one prepared statement each), so a group costs
     about what one record costs in statements."""
     statements: list[str] = []
-    ob.add("opens the writer's connection before the trace is set")
     gate = Gate(ob, queued(ob, 6))
-    assert ob.writer._connection is not None
-    driver = ob.writer._connection.connection.driver_connection
-    assert driver is not None
-    driver.set_trace_callback(statements.append)
-    try:
-        receipts = add_in_threads(ob, [{"content": f"grouped memory {n}"} for n in range(7)])
-    finally:
-        driver.set_trace_callback(None)
+    gated = ob.writer.connect
+    assert gated is not None
+
+    def traced() -> sqlite3.Connection:
+        conn = gated()
+        conn.set_trace_callback(statements.append)
+        return conn
+
+    ob.writer.connect = traced
+    receipts = add_in_threads(ob, [{"content": f"grouped memory {n}"} for n in range(7)])
+    gate.remove()
     assert gate.commits == 2  # the first alone, then the six that queued behind it together
     assert not any(r.duplicate for r in receipts)
 
@@ -289,5 +326,5 @@ def test_a_group_is_written_with_one_statement_per_table(ob: Outbox) -> None:
 
     assert count('SELECT "key", markdown_name FROM records') == 2  # one lookup per group
     assert count("INSERT INTO records (") == 2  # one multi-row insert per group
-    assert ob.storage.records.count_records() == 8
+    assert ob.storage.records.count_records() == 7
     assert ob.wait_mirrored(10) and ob.verify().ok

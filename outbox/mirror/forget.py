@@ -23,7 +23,7 @@ from outbox.mirror import markdown
 from outbox.mirror.jsonl import JsonlLog, accepted_event, line_hash
 from outbox.safe_files import open_file
 from outbox.states import MirrorEvent
-from outbox.store.records import StoredRecord
+from outbox.store.rows import StoredRecord
 from outbox.store.storage import Storage
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from outbox.mirror.jsonl import JsonlLog, accepted_event
 from outbox.record import Record
 from outbox.states import DeliveryOp, DeliveryState, MirrorEvent
 from outbox.store.deliveries import DeliveryRow
-from outbox.store.records import StoredRecord
+from outbox.store.rows import StoredRecord
 from outbox.store.storage import Storage
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from outbox.mirror.jsonl import JsonlLog
 from outbox.mirror.repair import delivery_event
 from outbox.states import SETTLED, DeliveryState, MirrorEvent
 from outbox.store.delivery_reads import DeliveryRow
-from outbox.store.records import StoredRecord
+from outbox.store.rows import StoredRecord
 from outbox.store.storage import Storage
 
 MAX_PROBLEMS = 50

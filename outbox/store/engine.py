@@ -9,7 +9,10 @@ without waiting). Readers get their own engine with plain deferred BEGIN.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,7 @@ from sqlalchemy.engine import make_url
 
 from outbox.config import Settings
 from outbox.folders import ensure_private_dir
+from outbox.store.sqlite_writes import apply_discipline, connect_writer
 
 
 def sqlite_path(db_url: str) -> Path | None:
@@ -35,6 +39,17 @@ def _prepare_sqlite_file(path: Path) -> None:
     if not path.exists():
         fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
         os.close(fd)
+
+
+def sqlite_writer(settings: Settings) -> Callable[[], sqlite3.Connection] | None:
+    """What opens the write path's own bare-driver connection to a SQLite file (None for
+    PostgreSQL, whose writes go through the engine)."""
+    path = sqlite_path(settings.db_url)
+    if path is None:
+        return None
+    return functools.partial(
+        connect_writer, path, busy_timeout=settings.busy_timeout, synchronous=settings.synchronous
+    )
 
 
 def make_engine(settings: Settings, *, writer: bool = True) -> Engine:
@@ -85,20 +100,7 @@ def _install_sqlite_discipline(engine: Engine, settings: Settings, *, writer: bo
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        # Take transaction control away from pysqlite so our BEGIN is the one that runs.
-        dbapi_conn.isolation_level = None
-        cursor = dbapi_conn.cursor()
-        try:
-            cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
-            mode = cursor.execute("PRAGMA journal_mode").fetchone()[0]
-            if writer and str(mode).lower() != "wal":
-                cursor.execute("PRAGMA journal_mode = WAL")
-            cursor.execute(f"PRAGMA synchronous = {synchronous}")
-            cursor.execute("PRAGMA foreign_keys = ON")
-            if not writer:
-                cursor.execute("PRAGMA query_only = ON")
-        finally:
-            cursor.close()
+        apply_discipline(dbapi_conn, busy_ms=busy_ms, synchronous=synchronous, writer=writer)
 
     begin = "BEGIN IMMEDIATE" if writer else "BEGIN"
 

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, delete, func, insert, literal_column, select, update
 
 from outbox.states import DeliveryOp, DeliveryState
-from outbox.store.records import StoredRecord, row_to_record
+from outbox.store.rows import StoredRecord, row_to_record
 from outbox.store.schema import deliveries, graph_edges, graph_nodes, records
 
 # records.redaction_pending: what a forget still owes.

@@ -8,143 +8,27 @@ constructor does it: exactly one insert path per backend.
 
 from __future__ import annotations
 
-import json
+import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-from sqlalchemy import Connection, Dialect, Engine, Table, bindparam, func, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Connection, Engine, func, select, update
+from sqlalchemy.dialects import postgresql
 
 from outbox.record import Record
-from outbox.states import DeliveryOp, DeliveryState
-from outbox.store.schema import FRONTIER_NODE_ID, deliveries, graph_edges, graph_nodes, records
-
-# Keys per ``IN (...)`` list: well below every driver's limit on bound parameters.
-_CHUNK = 500
-
-
-@dataclass(frozen=True)
-class StoredRecord:
-    """A record as stored, with where it came from and where its markdown file is."""
-
-    seq: int
-    record: Record
-    markdown_name: str
-    origin: str
-    created_at: float
-    # When a forget emptied it (a tombstone: no content, tags, metadata or file).
-    forgotten_at: float | None = None
-
-    @property
-    def forgotten(self) -> bool:
-        return self.forgotten_at is not None
-
-
-def row_to_record(row: Any) -> StoredRecord:
-    """A ``records`` row as a StoredRecord."""
-    return StoredRecord(
-        seq=row.seq,
-        record=Record(
-            key=row.key,
-            timestamp=row.ts,
-            content=row.content,
-            importance=row.importance,
-            tags=tuple(row.tags or ()),
-            metadata=dict(row.meta or {}),
-            slug=row.slug,
-        ),
-        markdown_name=row.markdown_name,
-        origin=row.origin,
-        created_at=row.created_at,
-        forgotten_at=row.forgotten_at,
-    )
-
-
-@dataclass(frozen=True)
-class NewRows:
-    """Every row one record's insert writes, as column values (JSON columns unencoded)."""
-
-    record: dict[str, Any]
-    node: dict[str, Any]
-    edge: dict[str, Any]
-    deliveries: list[dict[str, Any]]
-
-
-def new_rows(
-    record: Record, *, sinks: Sequence[str], markdown_name: str, origin: str, now: float
-) -> NewRows:
-    """The rows of a new record: its node in neo.mjs's shape, keyed by the record key, the
-    edge from the frontier anchor, and a pending delivery per sink."""
-    meta = dict(record.metadata)
-    session_id, agent = meta.get("session_id"), meta.get("agent")
-    return NewRows(
-        record={
-            "key": record.key,
-            "ts": record.timestamp,
-            "content": record.content,
-            "importance": record.importance,
-            "tags": list(record.tags),
-            "meta": meta,
-            "slug": record.slug,
-            "markdown_name": markdown_name,
-            "origin": origin,
-            "created_at": now,
-            "forgotten_at": None,
-            "redaction_pending": 0,
-        },
-        node={
-            "id": record.key,
-            "label": "AGENT_MEMORY",
-            "session_id": str(session_id) if session_id is not None else None,
-            "agent": str(agent) if agent is not None else None,
-            "ts": record.timestamp,
-            "properties": {
-                "name": f"Memory: {record.timestamp}",
-                "timestamp": record.timestamp,
-                "importance": record.importance,
-                "semanticVectorId": record.key,
-            },
-        },
-        edge={
-            "source": FRONTIER_NODE_ID,
-            "target": record.key,
-            "type": "SPAWNED_MEMORY",
-            "weight": 0.8,
-            "properties": {},
-        },
-        deliveries=[_delivery_row(record.key, sink, now) for sink in sinks],
-    )
-
-
-def _delivery_row(key: str, sink: str, now: float) -> dict[str, Any]:
-    return {
-        "record_key": key,
-        "sink": sink,
-        "state": DeliveryState.PENDING.value,
-        "op": DeliveryOp.DELIVER.value,
-        "attempts": 0,
-        "available_at": now,
-        "lease_owner": None,
-        "lease_expires_at": None,
-        "last_error": None,
-        "error_class": None,
-        "sink_id": None,
-        "mirror_pending": 0,
-        "created_at": now,
-        "updated_at": now,
-        "delivered_at": None,
-    }
+from outbox.store.rows import NewRows, StoredRecord, new_rows, row_to_record
+from outbox.store.schema import deliveries, graph_edges, graph_nodes, records
+from outbox.store.sqlite_writes import CHUNK, SqliteRows
 
 
 class _RecordWriter(Protocol):
     """The write path's statements, per database, for a whole group of records at once:
     the group commit's leader pays one statement per table, not one per record."""
 
-    def lookup(
+    def lookup_many(
         self, conn: Connection, keys: Sequence[str], names: Sequence[str]
-    ) -> Sequence[Sequence[Any]]:
-        """(key, markdown name) of the records holding any of ``keys`` or ``names``."""
+    ) -> tuple[set[str], dict[str, str]]:
+        """(those of ``keys`` that exist, the key owning each of ``names`` that is taken)."""
         ...
 
     def insert(self, conn: Connection, rows: Sequence[NewRows]) -> dict[str, int]:
@@ -153,128 +37,41 @@ class _RecordWriter(Protocol):
         ...
 
 
-class _Compiled:
-    """A Core statement compiled once to the driver's SQL and parameter order.
-
-    The SQLite writer runs these on the raw driver connection: the SQL is still written
-    once, in SQLAlchemy, but each execution skips SQLAlchemy's per-statement overhead,
-    which the write path would pay for every one of a record's rows.
-    """
-
-    def __init__(self, statement: Any, dialect: Dialect) -> None:
-        compiled = statement.compile(dialect=dialect)
-        self.sql = str(compiled)
-        self.order = list(compiled.positiontup or [])
-
-    def args(self, params: dict[str, Any]) -> list[Any]:
-        return [params[name] for name in self.order]
-
-
-def _binds(table: Table, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    return {col.name: bindparam(col.name) for col in table.columns if col.name not in skip}
-
-
-def _driver_cursor(conn: Connection) -> Any:
-    return conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-
-
 class _SqliteWriter:
-    """Compiled statements on the raw driver connection, and the FTS5 row recall reads.
+    """The bare-driver statements of ``sqlite_writes``, run on a SQLAlchemy connection's
+    driver connection (a caller's own transaction, a rebuild): the one SQLite insert path."""
 
-    A group's records go in as one multi-row ``INSERT ... RETURNING`` (the compiled
-    statement's row repeated) and the other tables' rows as one ``executemany`` each.
-    """
+    def __init__(self) -> None:
+        self._rows = SqliteRows()
 
-    _FTS = "INSERT INTO records_fts(rowid, content) VALUES (?, ?)"
-    _LOOKUP = (
-        'SELECT "key", markdown_name FROM records WHERE "key" IN ({}) OR markdown_name IN ({})'
-    )
-
-    def __init__(self, dialect: Dialect) -> None:
-        self._record = _Compiled(
-            sqlite.insert(records)
-            .values(_binds(records, ("seq",)))
-            .on_conflict_do_nothing(index_elements=["key"])
-            .returning(records.c.key, records.c.seq),
-            dialect,
-        )
-        head, _, tail = self._record.sql.partition(" VALUES ")
-        row, _, rest = tail.partition(")")
-        self._record_parts = (f"{head} VALUES ", f"{row})", rest)
-        self._node = _Compiled(graph_nodes.insert().values(_binds(graph_nodes)), dialect)
-        self._edge = _Compiled(graph_edges.insert().values(_binds(graph_edges, ("id",))), dialect)
-        self._delivery = _Compiled(deliveries.insert().values(_binds(deliveries, ("id",))), dialect)
-
-    def lookup(
+    def lookup_many(
         self, conn: Connection, keys: Sequence[str], names: Sequence[str]
-    ) -> Sequence[Sequence[Any]]:
-        cursor = _driver_cursor(conn)
-        found: list[Sequence[Any]] = []
-        for start in range(0, len(keys), _CHUNK):
-            some_keys, some_names = keys[start : start + _CHUNK], names[start : start + _CHUNK]
-            sql = self._LOOKUP.format(_marks(len(some_keys)), _marks(len(some_names)))
-            found += cursor.execute(sql, [*some_keys, *some_names]).fetchall()
-        return found
+    ) -> tuple[set[str], dict[str, str]]:
+        return self._rows.lookup_many(_driver(conn), keys, names)
 
     def insert(self, conn: Connection, rows: Sequence[NewRows]) -> dict[str, int]:
-        cursor = _driver_cursor(conn)
-        head, row, rest = self._record_parts
-        seqs: dict[str, int] = {}
-        for start in range(0, len(rows), _CHUNK):
-            chunk = rows[start : start + _CHUNK]
-            args = [arg for item in chunk for arg in self._record.args(_record_columns(item))]
-            sql = head + ", ".join([row] * len(chunk)) + rest
-            seqs.update((str(key), int(seq)) for key, seq in cursor.execute(sql, args).fetchall())
-        written = [item for item in rows if item.record["key"] in seqs]
-        cursor.executemany(
-            self._FTS, [(seqs[item.record["key"]], item.record["content"]) for item in written]
-        )
-        node, edge, delivery = self._node, self._edge, self._delivery
-        cursor.executemany(
-            node.sql,
-            [
-                node.args(dict(item.node, properties=json.dumps(item.node["properties"])))
-                for item in written
-            ],
-        )
-        cursor.executemany(
-            edge.sql,
-            [
-                edge.args(dict(item.edge, properties=_json(item.edge["properties"])))
-                for item in written
-            ],
-        )
-        cursor.executemany(
-            delivery.sql, [delivery.args(one) for item in written for one in item.deliveries]
-        )
-        return seqs
+        return self._rows.insert(_driver(conn), rows)
 
 
-def _marks(count: int) -> str:
-    return ", ".join(["?"] * count)
-
-
-def _record_columns(rows: NewRows) -> dict[str, Any]:
-    """The ``records`` row with its JSON columns encoded, as the raw driver takes them."""
-    record = rows.record
-    return dict(record, tags=json.dumps(record["tags"]), meta=_json(record["meta"]))
-
-
-def _json(value: dict[str, Any]) -> str:
-    return json.dumps(value) if value else "{}"
+def _driver(conn: Connection) -> sqlite3.Connection:
+    driver = conn.connection.driver_connection
+    assert isinstance(driver, sqlite3.Connection)
+    return driver
 
 
 class _PostgresWriter:
     """Plain Core statements; the GIN expression index covers a record's text by itself."""
 
-    def lookup(
+    def lookup_many(
         self, conn: Connection, keys: Sequence[str], names: Sequence[str]
-    ) -> Sequence[Sequence[Any]]:
-        return conn.execute(
+    ) -> tuple[set[str], dict[str, str]]:
+        found = conn.execute(
             select(records.c.key, records.c.markdown_name).where(
                 records.c.key.in_(list(keys)) | records.c.markdown_name.in_(list(names))
             )
         ).all()
+        wanted = set(keys)
+        return {row[0] for row in found if row[0] in wanted}, {row[1]: row[0] for row in found}
 
     def insert(self, conn: Connection, rows: Sequence[NewRows]) -> dict[str, int]:
         found = conn.execute(
@@ -302,9 +99,7 @@ class RecordStore:
         self.engine = engine
         self.reader = reader
         self._writer: _RecordWriter = (
-            _PostgresWriter()
-            if engine.dialect.name == "postgresql"
-            else _SqliteWriter(engine.dialect)
+            _PostgresWriter() if engine.dialect.name == "postgresql" else _SqliteWriter()
         )
 
     # -- the write path -------------------------------------------------------------------
@@ -319,9 +114,7 @@ class RecordStore:
     ) -> tuple[set[str], dict[str, str]]:
         """(those of ``keys`` that exist, the key owning each of ``names`` that is taken):
         one query for a whole group of records."""
-        found = self._writer.lookup(conn, keys, names)
-        wanted = set(keys)
-        return {row[0] for row in found if row[0] in wanted}, {row[1]: row[0] for row in found}
+        return self._writer.lookup_many(conn, keys, names)
 
     def insert_record(
         self,
@@ -381,8 +174,8 @@ class RecordStore:
         wanted = list(keys)
         found: dict[str, StoredRecord] = {}
         with self.reader.connect() as conn:
-            for start in range(0, len(wanted), _CHUNK):
-                chunk = wanted[start : start + _CHUNK]
+            for start in range(0, len(wanted), CHUNK):
+                chunk = wanted[start : start + CHUNK]
                 for row in conn.execute(select(records).where(records.c.key.in_(chunk))):
                     found[row.key] = row_to_record(row)
         return found

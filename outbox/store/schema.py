@@ -22,6 +22,8 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
+from outbox.store.rows import FRONTIER_NODE_ID as FRONTIER_NODE_ID
+
 # Bumped with every migration; opening compares it to alembic_version before loading Alembic.
 SCHEMA_REVISION = "0008"
 
@@ -140,8 +142,6 @@ mirror_state = Table(
     # back to the same length from the one the watermark was taken on.
     Column("line_hash", String(64)),
 )
-
-FRONTIER_NODE_ID = "frontier"
 
 # Created by migration 0002 outside the metadata (an FTS5 virtual table and its shadow tables
 # on SQLite, an expression index on PostgreSQL); schema comparison skips these names.

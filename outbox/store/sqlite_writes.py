@@ -1,0 +1,225 @@
+"""The SQLite write path on the bare ``sqlite3`` driver: its connection discipline and the
+statements that insert a group of records.
+
+Free of SQLAlchemy on purpose: ``outbox add`` writes through this module without importing
+the toolkit (which alone takes longer to import than the command's whole start budget), and
+the full outbox writes through it too, so there is one insert path. The statements name their
+columns here; ``tests/test_sqlite_writes.py`` holds them to the tables in ``schema.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from outbox.record import Record
+from outbox.store.rows import NewRows, StoredRecord, new_rows, row_to_record
+
+# Keys per ``IN (...)`` list and records per multi-row INSERT: well below SQLite's limit on
+# bound parameters (32,766) for every table's row.
+CHUNK = 500
+
+RECORD_COLUMNS = (
+    "key",
+    "ts",
+    "content",
+    "importance",
+    "tags",
+    "meta",
+    "slug",
+    "markdown_name",
+    "origin",
+    "created_at",
+    "forgotten_at",
+    "redaction_pending",
+)
+NODE_COLUMNS = ("id", "label", "session_id", "agent", "ts", "properties")
+EDGE_COLUMNS = ("source", "target", "type", "weight", "properties")
+DELIVERY_COLUMNS = (
+    "record_key",
+    "sink",
+    "state",
+    "op",
+    "attempts",
+    "available_at",
+    "lease_owner",
+    "lease_expires_at",
+    "last_error",
+    "error_class",
+    "sink_id",
+    "mirror_pending",
+    "created_at",
+    "updated_at",
+    "delivered_at",
+)
+
+
+def _names(columns: Sequence[str]) -> str:
+    return ", ".join(f'"{name}"' for name in columns)
+
+
+def _marks(count: int) -> str:
+    return ", ".join(["?"] * count)
+
+
+def _insert(table: str, columns: Sequence[str]) -> str:
+    return f"INSERT INTO {table} ({_names(columns)}) VALUES ({_marks(len(columns))})"
+
+
+_RECORD_ROW = f"({_marks(len(RECORD_COLUMNS))})"
+_RECORD_HEAD = f"INSERT INTO records ({_names(RECORD_COLUMNS)}) VALUES "
+_RECORD_TAIL = ' ON CONFLICT ("key") DO NOTHING RETURNING "key", seq'
+_NODE = _insert("graph_nodes", NODE_COLUMNS)
+_EDGE = _insert("graph_edges", EDGE_COLUMNS)
+_DELIVERY = _insert("deliveries", DELIVERY_COLUMNS)
+_FTS = "INSERT INTO records_fts(rowid, content) VALUES (?, ?)"
+_LOOKUP = 'SELECT "key", markdown_name FROM records WHERE "key" IN ({}) OR markdown_name IN ({})'
+_READ_COLUMNS = ("seq", *RECORD_COLUMNS)
+_READ = f'SELECT {_names(_READ_COLUMNS)} FROM records WHERE "key" = ?'
+
+
+def apply_discipline(
+    conn: sqlite3.Connection, *, busy_ms: int, synchronous: str, writer: bool
+) -> None:
+    """What every connection to the store gets: WAL, the chosen ``synchronous``, the busy
+    timeout, foreign keys; a reader is also made read-only. Transactions are ours to begin
+    (``isolation_level = None``), so a writer's ``BEGIN IMMEDIATE`` is the one that runs."""
+    conn.isolation_level = None
+    cursor = conn.cursor()
+    try:
+        cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
+        mode = cursor.execute("PRAGMA journal_mode").fetchone()[0]
+        if writer and str(mode).lower() != "wal":
+            cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute(f"PRAGMA synchronous = {synchronous}")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        if not writer:
+            cursor.execute("PRAGMA query_only = ON")
+    finally:
+        cursor.close()
+
+
+def connect_writer(path: Path, *, busy_timeout: float, synchronous: str) -> sqlite3.Connection:
+    """A writer's own connection to the store at ``path``, with the discipline applied."""
+    conn = sqlite3.connect(path, timeout=busy_timeout, check_same_thread=False)
+    try:
+        apply_discipline(
+            conn, busy_ms=int(busy_timeout * 1000), synchronous=synchronous, writer=True
+        )
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def sqlite_file(db_url: str) -> Path | None:
+    """The file of a plain ``sqlite:///path`` URL; None for anything else (another driver,
+    URL options, an in-memory database), which only the full outbox opens."""
+    prefix = "sqlite:///"
+    if not db_url.startswith(prefix) or "?" in db_url:
+        return None
+    path = db_url[len(prefix) :]
+    return Path(path) if path and path != ":memory:" else None
+
+
+class SqliteRows:
+    """A group's records in one multi-row ``INSERT ... RETURNING``, the other tables' rows in
+    one ``executemany`` each, and the FTS5 row recall reads; all inside the caller's
+    transaction on ``conn`` (a bare ``sqlite3`` connection)."""
+
+    def lookup_many(
+        self, conn: sqlite3.Connection, keys: Sequence[str], names: Sequence[str]
+    ) -> tuple[set[str], dict[str, str]]:
+        """(those of ``keys`` that exist, the key owning each of ``names`` that is taken)."""
+        found: list[Any] = []
+        for start in range(0, len(keys), CHUNK):
+            some_keys, some_names = keys[start : start + CHUNK], names[start : start + CHUNK]
+            sql = _LOOKUP.format(_marks(len(some_keys)), _marks(len(some_names)))
+            found += conn.execute(sql, [*some_keys, *some_names]).fetchall()
+        wanted = set(keys)
+        return {row[0] for row in found if row[0] in wanted}, {row[1]: row[0] for row in found}
+
+    def insert_records(
+        self,
+        conn: sqlite3.Connection,
+        named: Sequence[tuple[Record, str]],
+        *,
+        sinks: Sequence[str],
+        origin: str,
+        now: float,
+    ) -> list[int | None]:
+        """Each (record, markdown name)'s rows, keys distinct: its new ``seq``, or None where
+        the key exists already (nothing is written for it)."""
+        rows = [
+            new_rows(record, sinks=sinks, markdown_name=name, origin=origin, now=now)
+            for record, name in named
+        ]
+        seqs = self.insert(conn, rows)
+        return [seqs.get(record.key) for record, _ in named]
+
+    def insert(self, conn: sqlite3.Connection, rows: Sequence[NewRows]) -> dict[str, int]:
+        """Write each record's rows; the new ``seq`` of each record written, by key."""
+        seqs: dict[str, int] = {}
+        for start in range(0, len(rows), CHUNK):
+            chunk = rows[start : start + CHUNK]
+            args = [value for item in chunk for value in _record_values(item)]
+            sql = _RECORD_HEAD + ", ".join([_RECORD_ROW] * len(chunk)) + _RECORD_TAIL
+            seqs.update((str(key), int(seq)) for key, seq in conn.execute(sql, args).fetchall())
+        written = [item for item in rows if item.record["key"] in seqs]
+        conn.executemany(
+            _FTS, [(seqs[item.record["key"]], item.record["content"]) for item in written]
+        )
+        conn.executemany(
+            _NODE,
+            [
+                _values(item.node, NODE_COLUMNS, properties=json.dumps(item.node["properties"]))
+                for item in written
+            ],
+        )
+        conn.executemany(
+            _EDGE,
+            [
+                _values(item.edge, EDGE_COLUMNS, properties=_json(item.edge["properties"]))
+                for item in written
+            ],
+        )
+        conn.executemany(
+            _DELIVERY,
+            [_values(one, DELIVERY_COLUMNS) for item in written for one in item.deliveries],
+        )
+        return seqs
+
+    def get_record(self, key: str, conn: sqlite3.Connection) -> StoredRecord | None:
+        """The record of ``key`` as the transaction on ``conn`` sees it."""
+        row = conn.execute(_READ, (key,)).fetchone()
+        if row is None:
+            return None
+        values = dict(zip(_READ_COLUMNS, row, strict=True))
+        values.update(tags=json.loads(values["tags"]), meta=json.loads(values["meta"]))
+        return row_to_record(_Row(values))
+
+
+class _Row:
+    """Column values by attribute, as ``row_to_record`` reads a row."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)
+
+
+def _values(row: dict[str, Any], columns: Sequence[str], **encoded: Any) -> list[Any]:
+    return [encoded[name] if name in encoded else row[name] for name in columns]
+
+
+def _record_values(rows: NewRows) -> list[Any]:
+    """The ``records`` row with its JSON columns encoded, as the driver takes them."""
+    record = rows.record
+    return _values(
+        record, RECORD_COLUMNS, tags=json.dumps(record["tags"]), meta=_json(record["meta"])
+    )
+
+
+def _json(value: dict[str, Any]) -> str:
+    return json.dumps(value) if value else "{}"

@@ -1,0 +1,56 @@
+"""The bare-driver SQLite statements against the schema they write to.
+
+``store/sqlite_writes.py`` names its columns itself (it may not import SQLAlchemy); these
+tests hold those names to the tables, so a migration that adds a column cannot leave the
+write path writing rows without it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Table
+
+from outbox.store.schema import deliveries, graph_edges, graph_nodes, records
+from outbox.store.sqlite_writes import (
+    DELIVERY_COLUMNS,
+    EDGE_COLUMNS,
+    NODE_COLUMNS,
+    RECORD_COLUMNS,
+    sqlite_file,
+)
+
+
+@pytest.mark.parametrize(
+    ("table", "columns"),
+    [
+        (records, RECORD_COLUMNS),
+        (graph_nodes, NODE_COLUMNS),
+        (graph_edges, EDGE_COLUMNS),
+        (deliveries, DELIVERY_COLUMNS),
+    ],
+)
+def test_each_insert_names_every_column_but_the_generated_one(
+    table: Table, columns: tuple[str, ...]
+) -> None:
+    generated = {column.name for column in table.columns if column.autoincrement is True}
+    assert len(columns) == len(set(columns))
+    assert set(columns) == {column.name for column in table.columns} - generated
+
+
+@pytest.mark.parametrize(
+    ("url", "path"),
+    [
+        ("sqlite:////var/lib/outbox/outbox.db", Path("/var/lib/outbox/outbox.db")),
+        ("sqlite:///relative/outbox.db", Path("relative/outbox.db")),
+        ("sqlite:///outbox.db?mode=ro", None),  # options: only the full outbox reads them
+        ("sqlite+pysqlite:////tmp/outbox.db", None),
+        ("sqlite:///:memory:", None),
+        ("sqlite://", None),
+        ("postgresql+psycopg://u@h/db", None),
+    ],
+)
+def test_only_a_plain_sqlite_file_url_is_written_on_the_bare_driver(
+    url: str, path: Path | None
+) -> None:
+    assert sqlite_file(url) == path
