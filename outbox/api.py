@@ -19,21 +19,20 @@ from sqlalchemy import Connection
 
 from outbox.catalog import Catalog
 from outbox.config import Settings, load_settings
-from outbox.errors import StoreFailed
-from outbox.fallback import UNAVAILABLE, FallbackQueue, failure_reason
+from outbox.durable import commit_or_fallback
+from outbox.fallback import FallbackQueue, failure_reason
 from outbox.folders import ensure_private_dir
 from outbox.forgetting import ForgetReceipt, Forgetter
 from outbox.mirror.mirrors import Mirrors
 from outbox.mirror.repair import RepairReport
 from outbox.mirror.verify import VerifyReport
 from outbox.operations import DeadLetters, status_report, wait_delivered
-from outbox.receipt import Receipt, store_failed_text
+from outbox.receipt import Receipt
 from outbox.record import DEFAULT_IMPORTANCE, Record, build_record
 from outbox.safe_files import check_store
-from outbox.states import ReceiptStatus
 from outbox.store import migrate
 from outbox.store.bounded import call_within
-from outbox.store.engine import make_engine, sqlite_path, sqlite_writer
+from outbox.store.engine import UNAVAILABLE, make_engine, sqlite_path, sqlite_writer
 from outbox.store.storage import Storage
 from outbox.write import WRITE_MARGIN_SECONDS, Writer
 
@@ -167,45 +166,13 @@ class Outbox:
         return self._commit_or_fallback(prepared)
 
     def _commit_or_fallback(self, records: list[Record]) -> list[Receipt]:
-        """Commit, or, when the database cannot take the write in time, the fallback queue.
-
-        Only a validation error (raised before this point) or StoreFailed (both paths
-        failed) leaves ``add``; anything else the database raises becomes a fallback.
-        """
-        try:
-            self._ensure_schema()
-            accepted = self.writer.commit(records)
-        except Exception as exc:
-            reason = failure_reason(exc)
-            level = logging.WARNING if isinstance(exc, UNAVAILABLE) else logging.ERROR
-            log.log(
-                level,
-                "database did not take %d record(s) (%s: %s); using fallback files",
-                len(records),
-                reason,
-                exc.__class__.__name__,
-            )
-            self.unavailable = reason
-            return [self._fallback(record, reason) for record in records]
-        self.unavailable = None
-        self._notify()
-        return [self.writer.receipt(item) for item in accepted]
-
-    def _fallback(self, record: Record, reason: str) -> Receipt:
-        try:
-            path, existed = self.fallback.write(record, reason)
-        except OSError as exc:
-            log.warning("fallback write failed too (%s)", exc.strerror or exc.__class__.__name__)
-            raise StoreFailed(store_failed_text(self.settings.sinks)) from None
-        return Receipt(
-            key=record.key,
-            status=ReceiptStatus.FALLBACK,
-            duplicate=existed,
-            markdown_path=path,
-            timestamp=record.timestamp,
-            sinks=self.settings.sinks,
-            reason=reason,
+        """Commit, or, when the database cannot take the write in time, the fallback queue."""
+        receipts, self.unavailable = commit_or_fallback(
+            self.writer, self.fallback, records, expected=UNAVAILABLE, before=self._ensure_schema
         )
+        if self.unavailable is None:
+            self._notify()
+        return receipts
 
     def enqueue(self, conn: Connection, content: object, **fields: Any) -> Receipt:
         """Write inside the caller's own transaction (the transactional outbox pattern).

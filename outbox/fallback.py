@@ -18,8 +18,6 @@ import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
-from sqlalchemy.exc import DBAPIError
-
 from outbox.errors import DatabaseTimeout, MirrorBusy
 from outbox.folders import ensure_private_dir
 from outbox.mirror import markdown
@@ -32,9 +30,10 @@ log = logging.getLogger(__name__)
 
 INDEX_NAME = ".outbox-fallback.idx"
 
-# What makes a write go to the fallback file instead of failing. ``sqlite3.Error``: the SQLite
-# write path runs its statements on the raw driver connection, outside SQLAlchemy's wrapping.
-UNAVAILABLE = (DBAPIError, sqlite3.Error, OSError, MirrorBusy, DatabaseTimeout)
+# What makes a write go to the fallback file instead of failing, short of SQLAlchemy's own
+# errors (``store/engine.py`` adds those: ``UNAVAILABLE``). ``sqlite3.Error``: the SQLite write
+# path runs its statements on the bare driver, outside SQLAlchemy's wrapping.
+UNAVAILABLE_BARE = (sqlite3.Error, OSError, MirrorBusy, DatabaseTimeout)
 
 
 # What a database server that cannot be reached says (PostgreSQL through libpq).

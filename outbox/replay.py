@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from outbox.errors import ValidationError
-from outbox.fallback import UNAVAILABLE
 from outbox.keys import canonical_timestamp, idempotency_key
 from outbox.mirror import markdown
 from outbox.record import (
@@ -32,6 +31,7 @@ from outbox.record import (
     check_metadata,
     check_tags,
 )
+from outbox.store.engine import UNAVAILABLE
 
 if TYPE_CHECKING:
     from outbox.config import Settings

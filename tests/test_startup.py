@@ -3,8 +3,9 @@
 Checked through ``sys.modules`` of a real process, never by a clock (the timings are in
 ``benchmarks/startup.py``): ``outbox --help`` loads no database layer, no write path, no
 sink and no heavy library; ``outbox add`` on an existing store loads the write path but no
-sink, no dispatcher, no migration tool and none of the heavy libraries the other commands
-use. A command module that imported its heavy parts at the top would show up here.
+sink, no dispatcher, no migration tool, none of the heavy libraries the other commands
+use and, on a store in its steady state, not SQLAlchemy either. A command module that
+imported its heavy parts at the top would show up here.
 """
 
 from __future__ import annotations
@@ -83,13 +84,18 @@ def test_each_command_help_is_as_light(tmp_path: Path, command: str) -> None:
 def test_add_loads_the_write_path_and_nothing_it_does_not_use(
     settings: Settings, tmp_path: Path
 ) -> None:
-    Outbox.open(settings).close()  # an existing store whose schema is current
+    with Outbox.open(settings) as ob:  # a store in its steady state: current, repaired
+        ob.add("a memory written before the command runs")
+        ob.wait_mirrored(10)
+        ob.sync_mirrors()
     env = child_env(settings.home, markdown_dir=str(settings.markdown_dir), sinks="chroma")
     modules = loaded_by(["add", "a memory saved from the shell"], tmp_path, env)
     assert "outbox.write" in modules  # the write did run, through the write path
     # Chroma is the configured sink, and still nothing of it is loaded to write.
     assert under(modules, "outbox.sinks", "outbox.dispatch", "outbox.reindex") == []
     assert under(modules, "outbox.metrics", "outbox.ui", "outbox.rebuild") == []
-    assert under(modules, "sqlalchemy.orm", *HEAVY) == []
+    # Nor the database toolkit: a steady store is written on the bare driver.
+    assert under(modules, "sqlalchemy", "outbox.api", "outbox.store.storage", *HEAVY) == []
     with Outbox.open(settings) as ob:
-        assert ob.storage.records.count_records() == 1
+        assert ob.storage.records.count_records() == 2
+        assert ob.last_repair is not None and ob.last_repair.lines_appended == 0

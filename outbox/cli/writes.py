@@ -10,9 +10,15 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from outbox.cli.common import EXIT_FAILED, EXIT_OK, AddCommand, emit, open_outbox
 from outbox.errors import ValidationError
+
+if TYPE_CHECKING:
+    from outbox.api import Outbox
+    from outbox.config import Settings
+    from outbox.receipt import Receipt
 
 
 def _read_content(text: str | None) -> str:
@@ -41,12 +47,29 @@ def cmd_add(args: argparse.Namespace) -> int:
         "slug": args.slug,
     }
     # Validate before opening anything, so bad input leaves no trace at all.
-    build_record(
+    record = build_record(
         content,
         min_length=settings.min_content_length,
         max_bytes=settings.max_content_bytes,
         **fields,
     )
+    from outbox.direct_add import add
+
+    # A store in its steady state is written without loading the full outbox (SQLAlchemy).
+    direct = add(settings, record)
+    if direct is not None:
+        receipt = direct.receipt
+        if direct.repair_owed:
+            _repair(settings)
+    else:
+        receipt = _add_through_outbox(settings, content, fields)
+    emit(args, receipt.to_dict(), receipt.text)
+    return EXIT_OK
+
+
+def _add_through_outbox(settings: Settings, content: str, fields: dict[str, Any]) -> Receipt:
+    """The write through the full outbox: a new store, a schema to migrate, mirror places
+    to record, or another backend."""
     from outbox.api import Outbox
     from outbox.states import ReceiptStatus
 
@@ -55,14 +78,25 @@ def cmd_add(args: argparse.Namespace) -> int:
     with Outbox.open(settings, repair=False) as ob:
         receipt = ob.add(content, **fields)
         if receipt.status != ReceiptStatus.FALLBACK:
-            try:
-                ob.sync_mirrors()
-            except Exception as exc:  # the write stands, committed; the next open repairs
-                logging.getLogger("outbox").warning(
-                    "mirror repair after the write skipped (%s)", exc.__class__.__name__
-                )
-    emit(args, receipt.to_dict(), receipt.text)
-    return EXIT_OK
+            _sync(ob)
+    return receipt
+
+
+def _repair(settings: Settings) -> None:
+    """The repair a direct write found owed (crash leftovers, fallback files, outcomes)."""
+    from outbox.api import Outbox
+
+    with Outbox.open(settings, repair=False) as ob:
+        _sync(ob)
+
+
+def _sync(ob: Outbox) -> None:
+    try:
+        ob.sync_mirrors()
+    except Exception as exc:  # the write stands, committed; the next open repairs
+        logging.getLogger("outbox").warning(
+            "mirror repair after the write skipped (%s)", exc.__class__.__name__
+        )
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

@@ -3,7 +3,8 @@
 The lock, the JSONL log, the markdown folder, the mirror writer, repair and verify are built
 once and handed to the writer, the dispatcher and the replayer, so each uses the same files
 under the same lock and none of them needs the façade. A new record's mirrors are written by
-the mirror writer's thread (``defer``), off the committing caller's clock.
+the mirror writer's thread (``defer``), off the committing caller's clock. Repair and verify
+(which read the database through SQLAlchemy) load on first use, so a write does not.
 """
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ from outbox.folders import ensure_private_dir
 from outbox.mirror import markdown, matter
 from outbox.mirror.jsonl import JsonlLog, accepted_event
 from outbox.mirror.lock import MirrorLock
-from outbox.mirror.repair import MirrorSync, RepairReport
-from outbox.mirror.verify import VerifyReport, verify
 from outbox.mirror.writer import MirrorWriter
 from outbox.record import Record
 from outbox.slugs import markdown_filename
 
 if TYPE_CHECKING:
     from outbox.config import Settings
+    from outbox.mirror.repair import MirrorSync, RepairReport
+    from outbox.mirror.verify import VerifyReport
     from outbox.store.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ class Mirrors:
         self.markdown_dir = markdown_dir
         self.mirror_id = mirror_id
         self.sinks = tuple(sinks)
-        self._sync = MirrorSync(storage, self.jsonl, markdown_dir, mirror_id)
+        self._sync: MirrorSync | None = None
         self._folder = str(markdown_dir)
         self._folder_ready = False  # made once; a folder removed later is made again
         self.writer: MirrorWriter[NewMirror] = MirrorWriter(self.lock, self._write_new)
@@ -189,18 +190,27 @@ class Mirrors:
 
     # -- repair and proof ------------------------------------------------------------------
 
+    def _repairer(self) -> MirrorSync:
+        if self._sync is None:
+            from outbox.mirror.repair import MirrorSync
+
+            self._sync = MirrorSync(self.storage, self.jsonl, self.markdown_dir, self.mirror_id)
+        return self._sync
+
     def repair(self, full: bool = False) -> RepairReport:
         """Write whatever the mirrors lack (crash leftovers, enqueued records, delivery
         outcomes). ``full`` checks every record, not only those since the last repair."""
         with self.lock.hold():
-            return self._sync.run(full=full)
+            return self._repairer().run(full=full)
 
     def sync_deliveries(self) -> RepairReport:
         """Write delivery outcomes (events, front matter) that are not yet mirrored."""
         with self.lock.hold():
-            return self._sync.sync_deliveries()
+            return self._repairer().sync_deliveries()
 
     def verify(self) -> VerifyReport:
+        from outbox.mirror.verify import verify
+
         with self.lock.hold():
             return verify(self.storage, self.jsonl, self.markdown_dir, self.mirror_id)
 

@@ -22,10 +22,8 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
+from outbox.store.revision import SCHEMA_REVISION as SCHEMA_REVISION
 from outbox.store.rows import FRONTIER_NODE_ID as FRONTIER_NODE_ID
-
-# Bumped with every migration; opening compares it to alembic_version before loading Alembic.
-SCHEMA_REVISION = "0008"
 
 metadata = MetaData()
 
