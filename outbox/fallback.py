@@ -29,6 +29,8 @@ from outbox.states import FallbackReason
 log = logging.getLogger(__name__)
 
 INDEX_NAME = ".outbox-fallback.idx"
+# The index an importer has claimed (``claim_index``), beside the one writers append to.
+PROCESSING_SUFFIX = ".processing"
 
 # What makes a write go to the fallback file instead of failing, short of SQLAlchemy's own
 # errors (``store/engine.py`` adds those: ``UNAVAILABLE``). ``sqlite3.Error``: the SQLite write
@@ -131,7 +133,7 @@ class FallbackQueue:
         imports nothing this time, since the holder is at it; one that died left its
         ``.processing`` file behind and the next one picks it up.
         """
-        processing = self.folder / f"{INDEX_NAME}.processing"
+        processing = self.folder / f"{INDEX_NAME}{PROCESSING_SUFFIX}"
         if not (self.index_path.exists() or processing.exists()):
             yield []
             return
@@ -170,8 +172,26 @@ class FallbackQueue:
 
     def pending_count(self) -> int:
         """How many fallback files wait for import (cheap: reads the index only)."""
-        total = 0
-        for path in (self.index_path, self.folder / f"{INDEX_NAME}.processing"):
+        return len(self.pending_names())
+
+    def pending_names(self) -> list[str]:
+        """The names of the fallback files waiting for import, from the index (and the one an
+        importer has claimed), each once."""
+        names: dict[str, None] = {}
+        for path in (self.index_path, self.folder / f"{INDEX_NAME}{PROCESSING_SUFFIX}"):
             with contextlib.suppress(FileNotFoundError):
-                total += sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line)
-        return total
+                lines = path.read_text(encoding="utf-8").splitlines()
+                names.update(dict.fromkeys(line.strip() for line in lines if line.strip()))
+        return list(names)
+
+    def reason_of(self, name: str) -> str:
+        """The reason a waiting fallback file's front matter gives (``unknown`` when the file
+        is gone or cannot be read)."""
+        if not _plain_name(name):
+            return FallbackReason.UNKNOWN.value
+        try:
+            matter, _ = markdown.read(self.folder / name)
+        except (OSError, markdown.MalformedMarkdown):
+            return FallbackReason.UNKNOWN.value
+        reason = matter.get("reason")
+        return str(reason) if reason else FallbackReason.UNKNOWN.value

@@ -8,11 +8,13 @@ Three feeds, each named in docs/operations.md:
 - the database, read at each scrape: rows per sink and state, pending depth, the oldest
   pending row's age, dead letters, records, dispatchers alive or gone, fallback files waiting;
 - writes, which other processes make: read from the database as they land (this machine's
-  records only), once each. ``outbox_add_seconds`` is the part of each write the database can
-  vouch for: from the record's canonical timestamp, taken when ``add`` built it, to the
-  commit time stored with it, taken as its transaction starts. The commit itself (the wait
-  for the write lock, the statements, the fsync) comes after and is recorded nowhere, so the
-  series is a lower bound on ``add``'s latency; the benchmarks measure the whole call.
+  records only), once each; a write the database refused, from the fallback index, once per
+  file a scrape finds waiting, by the reason its front matter gives. ``outbox_add_seconds``
+  is the part of each write the database can vouch for: from the record's canonical
+  timestamp, taken when ``add`` built it, to the commit time stored with it, taken as its
+  transaction starts. The commit itself (the wait for the write lock, the statements, the
+  fsync) comes after and is recorded nowhere, so the series is a lower bound on ``add``'s
+  latency; the benchmarks measure the whole call.
 
 ``prometheus_client`` is imported here only, when a daemon is asked to serve; the endpoint
 listens on 127.0.0.1 only.
@@ -28,8 +30,9 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 from outbox.errors import OutboxError
+from outbox.fallback import FallbackQueue
 from outbox.keys import parse_instant
-from outbox.states import UNDELIVERED, DeliveryState
+from outbox.states import UNDELIVERED, DeliveryState, ReceiptStatus
 from outbox.store.heartbeats import ALIVE, GONE, STOPPED
 
 if TYPE_CHECKING:
@@ -47,6 +50,8 @@ HOST = "127.0.0.1"
 ADD_SAMPLE_LIMIT_SECONDS = 60.0
 # New records read per scrape; a larger burst is read over the next scrapes.
 WRITES_PER_SCRAPE = 5000
+# The reason label of a waiting fallback file no scrape has read yet.
+UNREAD = "unread"
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _DELIVERY_SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 
@@ -95,9 +100,10 @@ class DaemonMetrics:
         )
         self.writes = Counter(
             "outbox_writes",
-            "Writes committed on this machine since the daemon started, by receipt status "
-            "(read from the database as they land).",
-            ["status"],
+            "Writes on this machine since the daemon started, by receipt status and, for a "
+            "fallback, its reason (read from the database as they land; fallback files as a "
+            "scrape finds them waiting).",
+            ["status", "reason"],
             registry=self.registry,
         )
         self.add_seconds = Histogram(
@@ -110,6 +116,13 @@ class DaemonMetrics:
         )
         self._writes_lock = threading.Lock()
         self._seen_seq = self._last_seq()
+        settings = dispatcher.settings
+        self.fallback = FallbackQueue(settings.markdown_dir, settings.sinks)
+        # Waiting fallback files and their reasons, as read; those waiting at the start are
+        # not writes since the start.
+        self._reasons: dict[str, str] = {}
+        self._at_start = set(self.fallback.pending_names())
+        self._counted: set[str] = set()  # fallback files counted as writes, not yet landed
 
     def observe_batch(self, report: BatchReport) -> None:
         """Count one finished batch (the dispatcher's batch observer)."""
@@ -141,9 +154,40 @@ class DaemonMetrics:
                 gap = stored.created_at - parse_instant(stored.record.timestamp).timestamp()
                 if 0.0 <= gap <= ADD_SAMPLE_LIMIT_SECONDS:
                     self.add_seconds.observe(gap)
+            # A fallback file counted while it waited is not a second write when it lands.
+            counted = self._counted & {stored.markdown_name for stored in landed}
+            self._counted -= counted
+            queued = sum(1 for stored in landed if stored.markdown_name not in counted)
+            if queued:
+                self.writes.labels(ReceiptStatus.QUEUED.value, "").inc(queued)
             if landed:
-                self.writes.labels("queued").inc(len(landed))
                 self._seen_seq = landed[-1].seq
+
+    def fallback_waiting(self) -> dict[str, int]:
+        """Fallback files waiting now, by reason. Each file is read once, at most
+        ``WRITES_PER_SCRAPE`` per scrape (the rest count as ``unread`` until the next), and
+        one first found after the daemon started is a write the database refused."""
+        with self._writes_lock:
+            names = self.fallback.pending_names()
+            reasons: dict[str, str] = {}
+            budget = WRITES_PER_SCRAPE
+            for name in names:
+                reason = self._reasons.get(name)
+                if reason is None and budget > 0:
+                    budget -= 1
+                    reason = self.fallback.reason_of(name)
+                    if name not in self._at_start:
+                        self.writes.labels(ReceiptStatus.FALLBACK.value, reason).inc()
+                        self._counted.add(name)
+                if reason is not None:
+                    reasons[name] = reason
+            self._reasons = reasons
+            self._at_start &= set(names)
+        by_reason: dict[str, int] = {}
+        for name in names:
+            reason = reasons.get(name, UNREAD)
+            by_reason[reason] = by_reason.get(reason, 0) + 1
+        return by_reason
 
 
 class _DatabaseCollector:
@@ -215,20 +259,26 @@ class _DatabaseCollector:
         for beat_state in (ALIVE, GONE, STOPPED):
             alive.add_metric([beat_state], beats.count(beat_state))
         yield alive
-        yield self._fallback_waiting()
+        yield from self._fallback_waiting()
 
-    def _fallback_waiting(self) -> Any:
+    def _fallback_waiting(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        from outbox.fallback import FallbackQueue
-
-        settings = self.metrics.dispatcher.settings
+        by_reason = self.metrics.fallback_waiting()
         waiting = GaugeMetricFamily(
             "outbox_fallback_waiting",
             "Writes the database could not take, waiting in the fallback queue for import.",
         )
-        waiting.add_metric([], FallbackQueue(settings.markdown_dir, settings.sinks).pending_count())
-        return waiting
+        waiting.add_metric([], sum(by_reason.values()))
+        yield waiting
+        reasons = GaugeMetricFamily(
+            "outbox_fallback_waiting_by_reason",
+            "The same fallback files, by the reason their front matter gives.",
+            labels=["reason"],
+        )
+        for reason, count in sorted(by_reason.items()):
+            reasons.add_metric([reason], count)
+        yield reasons
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ from outbox import Outbox, Settings
 from outbox.cli.status import status_text
 from outbox.testing.sinks import FaultySink
 from tests.conftest import FAULTY
+from tests.helpers.faults import held_write_lock
 from tests.helpers.subproc import child_env, run_cli
 
 CANARY = "CANARY-51d0-private-words"
@@ -252,7 +253,7 @@ def test_the_metrics_endpoint_counts_writes_deliveries_and_failures(
     _process, port = daemon
     before = _scrape_when_ready(port)
     assert before["outbox_up{}"] == 1.0
-    assert before.get("outbox_writes_total{status=queued}", 0.0) == 0.0
+    assert before.get("outbox_writes_total{reason=,status=queued}", 0.0) == 0.0
     texts = [f"memory {n} scraped" for n in range(4)] + ["poison memory"]
     for text in texts:
         assert run_cli(["add", text], cwd=tmp_path, env=env).returncode == 0
@@ -268,7 +269,7 @@ def test_the_metrics_endpoint_counts_writes_deliveries_and_failures(
             break
         assert time.monotonic() < deadline, after
         time.sleep(0.2)
-    assert after["outbox_writes_total{status=queued}"] == 5.0
+    assert after["outbox_writes_total{reason=,status=queued}"] == 5.0
     assert after["outbox_add_seconds_count{}"] == 5.0
     assert 0.0 < after["outbox_add_seconds_sum{}"] < 5 * 60
     assert after[f"outbox_delivery_seconds_count{{{sink}}}"] == 4.0
@@ -282,6 +283,35 @@ def test_the_metrics_endpoint_counts_writes_deliveries_and_failures(
     assert after["outbox_fallback_waiting{}"] == 0.0
     said = (tmp_path / "run.err").read_text()
     assert f"metrics on http://127.0.0.1:{port}/metrics" in said
+
+
+def test_a_write_the_database_refused_is_counted_once_by_its_reason(
+    env: dict[str, str], tmp_path: Path, daemon: tuple[subprocess.Popen[bytes], int]
+) -> None:
+    """A fallback write shows while it waits (total and by reason) and counts once as a
+    write by its reason; when the daemon imports it, it is not counted again as queued."""
+    _process, port = daemon
+    assert _scrape_when_ready(port)["outbox_fallback_waiting{}"] == 0.0
+    db = Path(env["OUTBOX_HOME"]) / "outbox.db"
+    locked = {**env, "OUTBOX_BUSY_TIMEOUT": "0.2"}
+    with held_write_lock(db):
+        done = run_cli(
+            ["add", "--json", "a memory the locked database refused"], cwd=tmp_path, env=locked
+        )
+        assert done.returncode == 0, done.stderr.decode()
+        assert json.loads(done.stdout)["reason"] == "db_busy"
+        while_locked = _scrape(port)  # the daemon cannot import it while the lock is held
+    assert while_locked["outbox_fallback_waiting{}"] == 1.0
+    assert while_locked["outbox_fallback_waiting_by_reason{reason=db_busy}"] == 1.0
+    assert while_locked["outbox_writes_total{reason=db_busy,status=fallback}"] == 1.0
+
+    deadline = time.monotonic() + 60
+    while (after := _scrape(port))["outbox_records{}"] < 1.0:  # imported in a maintenance round
+        assert time.monotonic() < deadline, after
+        time.sleep(0.2)
+    assert after["outbox_fallback_waiting{}"] == 0.0
+    assert after["outbox_writes_total{reason=db_busy,status=fallback}"] == 1.0
+    assert after.get("outbox_writes_total{reason=,status=queued}", 0.0) == 0.0
 
 
 def test_a_metrics_port_in_use_is_an_error_naming_it(env: dict[str, str], tmp_path: Path) -> None:
