@@ -66,6 +66,12 @@ def derive_slug(content: str) -> str:
     return f"{token_part}-{prefix}" if token_part else prefix
 
 
+def carries_content_hash(slug: str, content: str) -> bool:
+    """Whether ``slug`` ends with its content's hash prefix, as every derived slug does:
+    then no file made by a person or for other content has its name by chance."""
+    return slug.endswith(content_hash_prefix(content))
+
+
 def choose_slug(content: str, supplied: str | None = None) -> str:
     """The supplied slug when it survives sanitising, else the derived one."""
     if supplied:

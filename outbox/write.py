@@ -140,7 +140,7 @@ class Writer:
                 continue
             if not item.adopt and (
                 owners.get(name, record.key) != record.key
-                or self.mirrors.taken_on_disk(name, record.key)
+                or self.mirrors.taken_on_disk(name, record)
             ):
                 # Never overwrite another key's file: the record's name gets -<key8>.
                 name = markdown_filename(record.timestamp, record.slug, collision_key=record.key)

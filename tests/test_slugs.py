@@ -15,7 +15,14 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from outbox import Outbox
-from outbox.slugs import choose_slug, derive_slug, markdown_filename, sanitize_slug
+from outbox.keys import content_hash_prefix
+from outbox.slugs import (
+    carries_content_hash,
+    choose_slug,
+    derive_slug,
+    markdown_filename,
+    sanitize_slug,
+)
 
 HEX8 = re.compile(r"[0-9a-f]{8}")
 TS = "2026-11-29T08:00:00.000000Z"
@@ -187,3 +194,14 @@ def test_a_hostile_slug_never_leaves_the_markdown_folder(outbox: Outbox, supplie
     assert path.is_file()
     files = [p for p in outbox.markdown_dir.rglob("*") if p.is_file()]
     assert files == [path]
+
+
+@settings(max_examples=200)
+@given(content=any_text, other=any_text)
+def test_a_derived_slug_carries_its_content_hash_and_no_other(content: str, other: str) -> None:
+    """The write path skips looking a derived name up in the folder: it must be recognised
+    as derived, and a name derived from other content (or a plain supplied slug) must not."""
+    assert carries_content_hash(derive_slug(content), content)
+    if content_hash_prefix(other) != content_hash_prefix(content):
+        assert not carries_content_hash(derive_slug(other), content)
+    assert not carries_content_hash("notes", content) or content_hash_prefix(content) == "notes"

