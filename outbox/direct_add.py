@@ -103,7 +103,7 @@ def _ready(path: Path, settings: Settings) -> bool:
     try:
         try:
             (revision,) = conn.execute("SELECT version_num FROM alembic_version").fetchone()
-        except (sqlite3.OperationalError, TypeError, ValueError):  # no table, no row, two rows
+        except (sqlite3.OperationalError, TypeError):  # no such table, or no row in it
             return False
         places = conn.execute(
             "SELECT jsonl_path, markdown_dir FROM store_locations WHERE mirror_id = ?",
