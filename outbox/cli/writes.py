@@ -83,20 +83,29 @@ def _add_through_outbox(settings: Settings, content: str, fields: dict[str, Any]
 
 
 def _repair(settings: Settings) -> None:
-    """The repair a direct write found owed (crash leftovers, fallback files, outcomes)."""
+    """The repair a direct write found owed (crash leftovers, fallback files, outcomes).
+    The write is committed whatever happens here: a failure only leaves the repair to the
+    next open."""
     from outbox.api import Outbox
 
-    with Outbox.open(settings, repair=False) as ob:
-        _sync(ob)
+    try:
+        with Outbox.open(settings, repair=False) as ob:
+            ob.sync_mirrors()
+    except Exception as exc:
+        _repair_skipped(exc)
 
 
 def _sync(ob: Outbox) -> None:
     try:
         ob.sync_mirrors()
     except Exception as exc:  # the write stands, committed; the next open repairs
-        logging.getLogger("outbox").warning(
-            "mirror repair after the write skipped (%s)", exc.__class__.__name__
-        )
+        _repair_skipped(exc)
+
+
+def _repair_skipped(exc: Exception) -> None:
+    logging.getLogger("outbox").warning(
+        "mirror repair after the write skipped (%s)", exc.__class__.__name__
+    )
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
