@@ -7,6 +7,7 @@ rank (no interpolation), so a reported p99 is a latency some call really had.
 from __future__ import annotations
 
 import gc
+import json
 import math
 import os
 import random
@@ -186,3 +187,14 @@ def alternate(
 
 def load_average() -> tuple[float, float, float]:
     return os.getloadavg()
+
+
+def head_commit() -> str:
+    """The commit the benchmark ran on, for its results file."""
+    return os.popen("git rev-parse --short HEAD").read().strip()
+
+
+def write_result(path: Path, result: dict[str, Any]) -> None:
+    """Save one benchmark's figures as JSON under ``benchmarks/results/``."""
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

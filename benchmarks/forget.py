@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import signal
 import subprocess
@@ -30,7 +29,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import load_average, open_outbox, outbox_environ, percentile
+from benchmarks.common import (
+    head_commit,
+    load_average,
+    open_outbox,
+    outbox_environ,
+    percentile,
+    write_result,
+)
 from benchmarks.rebuild import build_store
 from outbox import Outbox, Settings
 
@@ -146,10 +152,9 @@ def main() -> None:
         "cli_forget_seconds": round(command, 3),
         "delete_after_forget": polled,
         "verify_ok": verified,
-        "commit": os.popen("git rev-parse --short HEAD").read().strip(),
+        "commit": head_commit(),
     }
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_result(RESULTS, result)
     print(json.dumps(result, indent=2))
 
 

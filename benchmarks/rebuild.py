@@ -36,7 +36,7 @@ from typing import Any
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from benchmarks.common import bench_settings, memories, open_outbox, outbox_environ
+from benchmarks.common import bench_settings, memories, open_outbox, outbox_environ, write_result
 from outbox import Settings
 
 RESULTS = Path(__file__).with_name("results") / "rebuild.json"
@@ -171,8 +171,7 @@ def main() -> None:
             shutil.rmtree(folder, ignore_errors=True)
     result = {"count": args.count, "store": before, "runs": runs, "cpus": os.cpu_count()}
     name = "rebuild-postgresql.json" if args.pg_url else RESULTS.name
-    RESULTS.parent.mkdir(exist_ok=True)
-    (RESULTS.parent / name).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_result(RESULTS.parent / name, result)
     print(f"store: {before['records']} records, built in {before['build_seconds']}s")
     print("| case | records | delivered | pending | rebuild | records/s | verify after |")
     print("|---|---:|---:|---:|---:|---:|---:|")

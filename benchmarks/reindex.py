@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -25,7 +24,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import bench_settings, load_average, memories, open_outbox, outbox_environ
+from benchmarks.common import (
+    bench_settings,
+    head_commit,
+    load_average,
+    memories,
+    open_outbox,
+    outbox_environ,
+    write_result,
+)
 from outbox import Settings
 
 RESULTS = Path(__file__).with_name("results") / "reindex.json"
@@ -123,10 +130,9 @@ def main() -> None:
         **run,
         "records_after": status["records"],
         "verify_ok": verified,
-        "commit": os.popen("git rev-parse --short HEAD").read().strip(),
+        "commit": head_commit(),
     }
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_result(RESULTS, result)
     print(json.dumps(result, indent=2))
 
 

@@ -5,44 +5,33 @@ is killed can simply be run again."""
 from __future__ import annotations
 
 import argparse
-import sys
-import time
 from typing import TYPE_CHECKING
 
 from outbox.cli.common import EXIT_OK, AddCommand, emit
+from outbox.cli.progress import StatusLine
 
 if TYPE_CHECKING:
     from outbox.rebuild import RebuildReport
 
-# Seconds between progress lines when stderr is not a terminal (a log keeps them all).
-_LINE_EVERY = 2.0
-
 
 class _Progress:
-    """Phase and count: one rewritten line on a terminal, a line every few seconds else."""
+    """Phase and count; a new phase starts its own line."""
 
     def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-        self.last = 0.0
+        self.line = StatusLine()
         self.phase = ""
 
     def __call__(self, phase: str, done: int, total: int | None) -> None:
-        now = time.monotonic()
         changed = phase != self.phase
-        final = total is not None and done >= total
-        if not self.tty and not (changed or final) and now - self.last < _LINE_EVERY:
-            return
-        if self.tty and changed and self.phase:
-            sys.stderr.write("\n")
-        self.phase, self.last = phase, now
+        if changed:
+            self.line.finish()
+        self.phase = phase
         count = f"{done}/{total}" if total else (str(done) if done else "")
-        text = f"rebuild: {phase} {count}".rstrip()
-        sys.stderr.write(f"\r{text}\033[K" if self.tty else f"{text}\n")
-        sys.stderr.flush()
+        final = total is not None and done >= total
+        self.line.show(f"rebuild: {phase} {count}".rstrip(), always=changed or final)
 
     def finish(self) -> None:
-        if self.tty and self.phase:
-            sys.stderr.write("\n")
+        self.line.finish()
 
 
 def _text(report: RebuildReport) -> str:

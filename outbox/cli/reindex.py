@@ -6,45 +6,31 @@ from __future__ import annotations
 
 import argparse
 import signal
-import sys
 import threading
-import time
 from typing import TYPE_CHECKING
 
 from outbox.cli.common import EXIT_FAILED, EXIT_OK, AddCommand, emit, fail, open_outbox
+from outbox.cli.progress import StatusLine
 
 if TYPE_CHECKING:
     from outbox.reindex import ReindexProgress, ReindexReport
 
-# Seconds between progress lines when stderr is not a terminal (a log keeps them all).
-_LINE_EVERY = 2.0
-
 
 class _Progress:
-    """done/total, rate and time left: one rewritten line on a terminal, plain lines else."""
+    """done/total, rate and time left."""
 
     def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-        self.last = 0.0
-        self.shown = False
+        self.line = StatusLine()
 
     def __call__(self, progress: ReindexProgress) -> None:
-        now = time.monotonic()
-        final = progress.done >= progress.total
-        if not self.tty and not final and now - self.last < _LINE_EVERY:
-            return
-        self.last = now
         eta = "-" if progress.eta is None else f"{progress.eta:.0f}s"
         text = (
             f"reindex: {progress.done}/{progress.total} records, {progress.rate:.0f}/s, ETA {eta}"
         )
-        sys.stderr.write(f"\r{text}\033[K" if self.tty else f"{text}\n")
-        sys.stderr.flush()
-        self.shown = True
+        self.line.show(text, always=progress.done >= progress.total)
 
     def finish(self) -> None:
-        if self.tty and self.shown:
-            sys.stderr.write("\n")
+        self.line.finish()
 
 
 def _text(report: ReindexReport) -> str:
