@@ -59,9 +59,23 @@ def add(settings: Settings, record: Record) -> DirectWrite | None:
     if path is None or not path.is_file():
         return None
     check_store(settings, path)
-    try:
-        ready = _ready(path, settings)
+    try:  # one connection for the checks before and after the write
+        checks = _connect(path, settings)
     except sqlite3.Error:  # the full open meets it too, and decides (fallback or error)
+        return None
+    try:
+        return _add_if_ready(checks, path, settings, record)
+    finally:
+        checks.close()
+
+
+def _add_if_ready(
+    checks: sqlite3.Connection, path: Path, settings: Settings, record: Record
+) -> DirectWrite | None:
+    """``add`` once the store is open for its checks (on ``checks``)."""
+    try:
+        ready = _ready(checks, settings)
+    except sqlite3.Error:
         return None
     if not ready:
         return None
@@ -86,9 +100,9 @@ def add(settings: Settings, record: Record) -> DirectWrite | None:
         if unavailable is None:
             try:  # the exclusive hold waits for the mirror writer: the files are all there
                 with mirrors.hold(time.monotonic() + settings.busy_timeout):
-                    owed = not _caught_up(path, settings, mirrors, fallback)
-            except MirrorBusy:  # another process works on the mirrors: the repair waits
-                owed = True
+                    owed = not _caught_up(checks, settings, mirrors, fallback)
+            except (MirrorBusy, sqlite3.Error):  # the mirrors or the database are busy:
+                owed = True  # the full repair waits for them; the write stands
     finally:
         writer.close()
         mirrors.close()
@@ -96,21 +110,17 @@ def add(settings: Settings, record: Record) -> DirectWrite | None:
     return DirectWrite(receipt, owed)
 
 
-def _ready(path: Path, settings: Settings) -> bool:
+def _ready(conn: sqlite3.Connection, settings: Settings) -> bool:
     """The schema is current and this machine's mirror places are recorded as configured
     (anything else is the full open's to migrate, record or refuse)."""
-    conn = sqlite3.connect(path, timeout=settings.busy_timeout)
     try:
-        try:
-            (revision,) = conn.execute("SELECT version_num FROM alembic_version").fetchone()
-        except (sqlite3.OperationalError, TypeError):  # no such table, or no row in it
-            return False
-        places = conn.execute(
-            "SELECT jsonl_path, markdown_dir FROM store_locations WHERE mirror_id = ?",
-            (settings.mirror_id,),
-        ).fetchone()
-    finally:
-        conn.close()
+        (revision,) = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+    except (sqlite3.OperationalError, TypeError):  # no such table, or no row in it
+        return False
+    places = conn.execute(
+        "SELECT jsonl_path, markdown_dir FROM store_locations WHERE mirror_id = ?",
+        (settings.mirror_id,),
+    ).fetchone()
     configured = (_absolute(settings.jsonl_path), _absolute(settings.markdown_dir))
     return bool(revision == SCHEMA_REVISION and places == configured)
 
@@ -126,45 +136,40 @@ def _absolute(path: Path) -> str:
     return str(Path(os.path.abspath(path)))
 
 
-def _caught_up(path: Path, settings: Settings, mirrors: Mirrors, fallback: FallbackQueue) -> bool:
+def _caught_up(
+    conn: sqlite3.Connection, settings: Settings, mirrors: Mirrors, fallback: FallbackQueue
+) -> bool:
     """Under the mirror lock: whether the repair has nothing to do but move its watermark
     past this command's records, and if so, move it. False: a repair is owed."""
     if fallback.pending_count():
         return False
-    conn = connect_writer(
-        path, busy_timeout=settings.busy_timeout, synchronous=settings.synchronous
-    )
-    try:
-        mark = conn.execute(
-            "SELECT record_seq, jsonl_offset, line_hash FROM mirror_state WHERE mirror_id = ?",
-            (settings.mirror_id,),
-        ).fetchone()
-        if mark is None or not mark[1]:  # never repaired, or reset after a torn tail
-            return False
-        seq, offset, line_hash = mark
-        owed = conn.execute(
-            "SELECT 1 FROM deliveries WHERE mirror_pending = 1"
-            " UNION ALL SELECT 1 FROM records WHERE redaction_pending > 0 LIMIT 1"
-        ).fetchone()
-        if owed or not _whole_lines(mirrors) or not mirrors.jsonl.continues_at(offset, line_hash):
-            return False
-        new = conn.execute(
-            'SELECT "key", seq, markdown_name FROM records WHERE origin = ? AND seq > ?'
-            " ORDER BY seq",
-            (settings.mirror_id, seq),
-        ).fetchall()
-        logged = {
-            line.event.get("key")
-            for line in mirrors.jsonl.lines(offset)
-            if line.event.get("event") == MirrorEvent.ACCEPTED
-        }
-        if any(key not in logged or not mirrors.path(name).exists() for key, _, name in new):
-            return False
-        if new:
-            _move_watermark(conn, mirrors, settings.mirror_id, (seq, offset), new[-1][1])
-        return True
-    finally:
-        conn.close()
+    mark = conn.execute(
+        "SELECT record_seq, jsonl_offset, line_hash FROM mirror_state WHERE mirror_id = ?",
+        (settings.mirror_id,),
+    ).fetchone()
+    if mark is None or not mark[1]:  # never repaired, or reset after a torn tail
+        return False
+    seq, offset, line_hash = mark
+    owed = conn.execute(
+        "SELECT 1 FROM deliveries WHERE mirror_pending = 1"
+        " UNION ALL SELECT 1 FROM records WHERE redaction_pending > 0 LIMIT 1"
+    ).fetchone()
+    if owed or not _whole_lines(mirrors) or not mirrors.jsonl.continues_at(offset, line_hash):
+        return False
+    new = conn.execute(
+        'SELECT "key", seq, markdown_name FROM records WHERE origin = ? AND seq > ? ORDER BY seq',
+        (settings.mirror_id, seq),
+    ).fetchall()
+    logged = {
+        line.event.get("key")
+        for line in mirrors.jsonl.lines(offset)
+        if line.event.get("event") == MirrorEvent.ACCEPTED
+    }
+    if any(key not in logged or not mirrors.path(name).exists() for key, _, name in new):
+        return False
+    if new:
+        _move_watermark(conn, mirrors, settings.mirror_id, (seq, offset), new[-1][1])
+    return True
 
 
 def _whole_lines(mirrors: Mirrors) -> bool:
