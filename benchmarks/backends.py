@@ -32,7 +32,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from outbox import Outbox, Settings, load_settings
-from outbox.record import build_record
+from outbox.core.record import build_record
 from outbox.store.storage import Storage
 
 SINK = "outbox.testing.sinks:NoopSink"

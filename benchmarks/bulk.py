@@ -23,8 +23,8 @@ from sqlalchemy import event
 
 from benchmarks.common import memory_text
 from outbox import load_settings
-from outbox.record import build_record
-from outbox.slugs import markdown_filename
+from outbox.core.record import build_record
+from outbox.core.slugs import markdown_filename
 from outbox.store.engine import make_engine
 from outbox.store.storage import Storage
 

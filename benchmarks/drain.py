@@ -23,7 +23,7 @@ from typing import Any
 
 from benchmarks.common import lag_summary, memories, open_outbox, outbox_environ
 from outbox import Settings
-from outbox.record import Record, build_record
+from outbox.core.record import Record, build_record
 from outbox.sinks.base import Sink
 from outbox.store.engine import sqlite_path
 

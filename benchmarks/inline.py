@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import memories, quiet_gc, summarize, time_calls
-from outbox.keys import canonical_timestamp, idempotency_key
+from outbox.core.keys import canonical_timestamp, idempotency_key
 from outbox.sinks.embedding import load_embedding, register_with_chroma
 
 

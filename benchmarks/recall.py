@@ -39,7 +39,7 @@ from benchmarks.bulk import BULK_ORIGIN, bulk_insert
 from benchmarks.common import bench_settings, open_outbox, percentile
 from outbox import memory_core
 from outbox.memory_core import MemoryService
-from outbox.recall import CONTEXT_REACH, MIN_RELEVANCE, Fusion, RecallFilter, rrf
+from outbox.recall.fusion import CONTEXT_REACH, MIN_RELEVANCE, Fusion, RecallFilter, rrf
 from outbox.store import recall as store_recall
 from outbox.store.engine import sqlite_path
 

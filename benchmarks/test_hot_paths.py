@@ -17,9 +17,9 @@ import pytest
 from benchmarks.bulk import bulk_insert
 from benchmarks.common import NOOP_SINK, bench_settings, memories, open_outbox
 from outbox import Outbox
-from outbox.keys import canonical_timestamp, idempotency_key
-from outbox.record import build_record
-from outbox.slugs import derive_slug, markdown_filename
+from outbox.core.keys import canonical_timestamp, idempotency_key
+from outbox.core.record import build_record
+from outbox.core.slugs import derive_slug, markdown_filename
 from outbox.store.engine import sqlite_path
 
 TEXTS = memories(200, seed=51)

@@ -37,9 +37,9 @@ from urllib.parse import urlencode
 
 from benchmarks.common import bench_settings, memory_text, open_outbox, outbox_environ, percentile
 from outbox import Settings
+from outbox.core.record import build_record
+from outbox.core.slugs import markdown_filename
 from outbox.mirror.jsonl import accepted_event
-from outbox.record import build_record
-from outbox.slugs import markdown_filename
 from outbox.store.engine import make_engine, sqlite_path
 from outbox.store.storage import Storage
 

@@ -43,7 +43,7 @@ from benchmarks.common import (
     summarize,
     time_calls,
 )
-from outbox.keys import canonical_timestamp
+from outbox.core.keys import canonical_timestamp
 from outbox.store.engine import sqlite_path
 
 _FLOOR_ROWS = (

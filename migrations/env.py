@@ -27,7 +27,7 @@ def main() -> None:
         _run(connection)
         return
     # Run from the command line: resolve the URL the way the library does.
-    from outbox.config import load_settings
+    from outbox.core.config import load_settings
     from outbox.store.engine import make_engine
 
     engine = make_engine(load_settings())

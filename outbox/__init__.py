@@ -14,9 +14,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from outbox.api import Outbox
-    from outbox.config import Settings, load_settings
-    from outbox.errors import ConfigError, OutboxError, StoreFailed, ValidationError
-    from outbox.receipt import Receipt
+    from outbox.core.config import Settings, load_settings
+    from outbox.core.errors import ConfigError, OutboxError, StoreFailed, ValidationError
+    from outbox.core.receipt import Receipt
+    from outbox.core.states import (
+        BuiltinSink,
+        DeliveryState,
+        FailureReason,
+        FallbackReason,
+        MirrorEvent,
+        ReceiptStatus,
+    )
     from outbox.sinks.base import (
         Delivered,
         NotDelivered,
@@ -25,14 +33,6 @@ if TYPE_CHECKING:
         Rejected,
         Sink,
         Transient,
-    )
-    from outbox.states import (
-        BuiltinSink,
-        DeliveryState,
-        FailureReason,
-        FallbackReason,
-        MirrorEvent,
-        ReceiptStatus,
     )
     from outbox.store.delivery_reads import DeliveryRow
     from outbox.store.recall import RecentRow
@@ -43,13 +43,13 @@ __version__ = "0.1.0"
 # Where each public name lives; ``__getattr__`` imports its module when it is first used.
 _HOMES = {
     "Outbox": "outbox.api",
-    "Settings": "outbox.config",
-    "load_settings": "outbox.config",
-    "ConfigError": "outbox.errors",
-    "OutboxError": "outbox.errors",
-    "StoreFailed": "outbox.errors",
-    "ValidationError": "outbox.errors",
-    "Receipt": "outbox.receipt",
+    "Settings": "outbox.core.config",
+    "load_settings": "outbox.core.config",
+    "ConfigError": "outbox.core.errors",
+    "OutboxError": "outbox.core.errors",
+    "StoreFailed": "outbox.core.errors",
+    "ValidationError": "outbox.core.errors",
+    "Receipt": "outbox.core.receipt",
     # What a sink author needs.
     "Delivered": "outbox.sinks.base",
     "NotDelivered": "outbox.sinks.base",
@@ -59,12 +59,12 @@ _HOMES = {
     "Sink": "outbox.sinks.base",
     "Transient": "outbox.sinks.base",
     # The words the library stores and prints.
-    "BuiltinSink": "outbox.states",
-    "DeliveryState": "outbox.states",
-    "FailureReason": "outbox.states",
-    "FallbackReason": "outbox.states",
-    "MirrorEvent": "outbox.states",
-    "ReceiptStatus": "outbox.states",
+    "BuiltinSink": "outbox.core.states",
+    "DeliveryState": "outbox.core.states",
+    "FailureReason": "outbox.core.states",
+    "FallbackReason": "outbox.core.states",
+    "MirrorEvent": "outbox.core.states",
+    "ReceiptStatus": "outbox.core.states",
     # The rows ``Outbox``'s operations return, for callers that annotate them.
     "DeliveryRow": "outbox.store.delivery_reads",
     "RecentRow": "outbox.store.recall",

@@ -1,5 +1,5 @@
 """``python -m outbox`` runs the command line."""
 
-from outbox.cli import main
+from outbox.faces.cli import main
 
 raise SystemExit(main())

@@ -17,33 +17,33 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
 
-from outbox.catalog import Catalog
-from outbox.config import Settings, load_settings
-from outbox.durable import commit_or_fallback
-from outbox.fallback import FallbackQueue, failure_reason
-from outbox.folders import ensure_private_dir
-from outbox.forgetting import ForgetReceipt, Forgetter
+from outbox.core.config import Settings, load_settings
+from outbox.core.folders import ensure_private_dir
+from outbox.core.receipt import Receipt
+from outbox.core.record import DEFAULT_IMPORTANCE, Record, build_record
+from outbox.core.safe_files import check_store
 from outbox.mirror.mirrors import Mirrors
 from outbox.mirror.repair import RepairReport
 from outbox.mirror.verify import VerifyReport
-from outbox.operations import DeadLetters, status_report, wait_delivered
-from outbox.receipt import Receipt
-from outbox.record import DEFAULT_IMPORTANCE, Record, build_record
-from outbox.safe_files import check_store
+from outbox.operations.catalog import Catalog
+from outbox.operations.forget import ForgetReceipt, Forgetter
+from outbox.operations.status import DeadLetters, status_report, wait_delivered
 from outbox.store import migrate
 from outbox.store.bounded import call_within
 from outbox.store.engine import UNAVAILABLE, make_engine, sqlite_path, sqlite_writer
 from outbox.store.storage import Storage
-from outbox.write import WRITE_MARGIN_SECONDS, Writer
+from outbox.write.durable import commit_or_fallback
+from outbox.write.fallback import FallbackQueue, failure_reason
+from outbox.write.writer import WRITE_MARGIN_SECONDS, Writer
 
 if TYPE_CHECKING:
     from outbox.dispatch.dispatcher import Dispatcher, DrainReport
-    from outbox.recall import RecallFilter
-    from outbox.reindex import ReindexReport
-    from outbox.replay import Replayer, ReplayReport
+    from outbox.operations.reindex import ReindexReport
+    from outbox.recall.fusion import RecallFilter
     from outbox.store.delivery_reads import DeliveryRow
     from outbox.store.recall import LexicalHits, RecentRow
     from outbox.store.rows import StoredRecord
+    from outbox.write.replay import Replayer, ReplayReport
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +216,7 @@ class Outbox:
         return self.last_repair
 
     def _replayer(self) -> Replayer:
-        from outbox.replay import Replayer
+        from outbox.write.replay import Replayer
 
         return Replayer(self.storage, self.writer, self.fallback, self.settings, self._notify)
 
@@ -266,7 +266,7 @@ class Outbox:
     def reindex(self, **options: Any) -> ReindexReport:
         """Re-embed every record into a new Chroma collection for ``OUTBOX_EMBEDDING``, then
         switch recall and delivery to it (resumable; ``Reindexer.run``'s options)."""
-        from outbox.reindex import Reindexer
+        from outbox.operations.reindex import Reindexer
 
         return Reindexer(self.storage, self.settings, options.pop("batch", 256)).run(**options)
 
@@ -328,7 +328,7 @@ class Outbox:
     def undelivered_count(self) -> int:
         """Rows every sink still has to take (pending or leased): the work a drain faces,
         without the rest of ``status``."""
-        from outbox.states import UNDELIVERED
+        from outbox.core.states import UNDELIVERED
 
         counts = self.storage.deliveries.counts()
         return sum(row.get(state, 0) for row in counts.values() for state in UNDELIVERED)

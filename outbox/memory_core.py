@@ -26,9 +26,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from outbox.api import Outbox
-from outbox.config import Settings
-from outbox.keys import parse_instant
-from outbox.recall import (
+from outbox.core.config import Settings
+from outbox.core.keys import parse_instant
+from outbox.core.receipt import Receipt
+from outbox.core.record import check_content
+from outbox.core.states import BuiltinSink, ReceiptStatus
+from outbox.recall.dates import DateWindow, named_dates
+from outbox.recall.fusion import (
     MIN_RELEVANCE,
     Candidate,
     Fusion,
@@ -40,10 +44,6 @@ from outbox.recall import (
     with_context,
     with_dates,
 )
-from outbox.recall_dates import DateWindow, named_dates
-from outbox.receipt import Receipt
-from outbox.record import check_content
-from outbox.states import BuiltinSink, ReceiptStatus
 
 if TYPE_CHECKING:
     from outbox import RecentRow
@@ -244,7 +244,7 @@ class MemoryService:
         both filtered inside their own query; hits below ``min_relevance`` are left out, so
         a query nothing answers returns nothing."""
         if not isinstance(query, str) or not query.strip():
-            from outbox.errors import ValidationError
+            from outbox.core.errors import ValidationError
 
             raise ValidationError("query", "is empty")
         n_results = max(1, min(int(n_results), MAX_LIMIT))

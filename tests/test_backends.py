@@ -24,8 +24,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 from outbox import Outbox, Settings, load_settings
+from outbox.core.states import DeliveryState
 from outbox.dispatch.retry import RetryPolicy
-from outbox.states import DeliveryState
 from outbox.store import migrate
 from outbox.store.engine import make_engine
 from outbox.store.schema import (

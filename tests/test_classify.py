@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from outbox.core.states import FailureReason
 from outbox.dispatch.classify import classify
 from outbox.dispatch.worker import SinkTimeout
 from outbox.sinks.base import NotDelivered, Permanent, Rejected, Transient
-from outbox.states import FailureReason
 
 
 def _named(class_name: str, message: str, base: type[Exception] = Exception) -> Exception:

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from outbox import Outbox, Settings
-from outbox.config import load_settings
-from outbox.direct_add import add
-from outbox.fallback import FallbackQueue
-from outbox.record import build_record
-from outbox.states import FallbackReason, ReceiptStatus
+from outbox.core.config import load_settings
+from outbox.core.record import build_record
+from outbox.core.states import FallbackReason, ReceiptStatus
+from outbox.write.direct import add
+from outbox.write.fallback import FallbackQueue
 from tests.helpers.checks import accepted_counts, chain_ok
 from tests.helpers.faults import held_write_lock
 from tests.helpers.subproc import child_env, run_cli

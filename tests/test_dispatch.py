@@ -13,11 +13,11 @@ import pytest
 import yaml
 
 from outbox import Outbox, Settings
-from outbox.cli import main as cli_main
+from outbox.core.record import build_record
 from outbox.dispatch.retry import RetryPolicy
-from outbox.fallback import FallbackQueue
-from outbox.record import build_record
+from outbox.faces.cli import main as cli_main
 from outbox.testing.sinks import FaultySink
+from outbox.write.fallback import FallbackQueue
 
 A = "outbox.testing.sinks:FaultySink"
 B = "outbox.testing.sinks:faulty_sink"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from outbox import load_settings
-from outbox.errors import ConfigError
+from outbox.core.errors import ConfigError
 from outbox.sinks.chroma_documents import has_visible_text
 from outbox.sinks.embedding import (
     DIMENSION,

@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 
 from outbox import Outbox, Receipt, Settings, StoreFailed
-from outbox.fallback import INDEX_NAME, FallbackQueue
+from outbox.core.record import build_record
 from outbox.mirror.lock import MirrorLock
-from outbox.record import build_record
-from outbox.replay import Replayer, ReplayReport, load_pending
+from outbox.write.fallback import INDEX_NAME, FallbackQueue
+from outbox.write.replay import Replayer, ReplayReport, load_pending
 from tests.conftest import FAULTY
 from tests.helpers.checks import (
     accepted_counts,
@@ -294,7 +294,7 @@ def test_fallback_write_latency_and_idempotence(
 CLAIMER = """
 import sys, time
 from pathlib import Path
-from outbox.fallback import FallbackQueue
+from outbox.write.fallback import FallbackQueue
 with FallbackQueue(Path(sys.argv[1]), ()).claim_index() as paths:
     print(" ".join(sorted(p.name for p in paths)), flush=True)
     time.sleep(120)

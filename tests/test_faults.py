@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from outbox import Outbox, Settings
+from outbox.core.record import Record
 from outbox.dispatch.retry import RetryPolicy
-from outbox.fallback import INDEX_NAME
-from outbox.record import Record
 from outbox.sinks.base import Delivered, Outcome
 from outbox.testing.sinks import FaultySink
+from outbox.write.fallback import INDEX_NAME
 from tests.conftest import FAULTY
 from tests.helpers.checks import (
     accepted_counts,

@@ -19,10 +19,10 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from outbox import Outbox, load_settings
+from outbox.core.record import Record
 from outbox.memory_core import MemoryService
 from outbox.mirror.forget import forgotten_event
 from outbox.mirror.jsonl import line_hash
-from outbox.record import Record
 from outbox.testing.conformance import make_due
 from outbox.testing.sinks import FaultySink
 from tests.conftest import FAULTY

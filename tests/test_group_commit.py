@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from outbox import Outbox, Receipt, Settings
-from outbox.record import build_record
-from outbox.slugs import markdown_filename
-from outbox.states import ReceiptStatus
+from outbox.core.record import build_record
+from outbox.core.slugs import markdown_filename
+from outbox.core.states import ReceiptStatus
 from outbox.store.engine import sqlite_path
 from outbox.store.sqlite_writes import apply_discipline
 

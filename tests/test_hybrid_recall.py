@@ -15,9 +15,11 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 
 from outbox import Outbox, Settings, load_settings
-from outbox.demo import TURNS
+from outbox.core.record import build_record
+from outbox.faces.demo import TURNS
 from outbox.memory_core import MemoryService
-from outbox.recall import (
+from outbox.recall.dates import DateWindow, named_dates
+from outbox.recall.fusion import (
     CONTEXT_REACH,
     KEEP_SHARE,
     Candidate,
@@ -31,8 +33,6 @@ from outbox.recall import (
     with_context,
     with_dates,
 )
-from outbox.recall_dates import DateWindow, named_dates
-from outbox.record import build_record
 from outbox.sinks.chroma_documents import TAG_KEY_PREFIX, chroma_metadata
 from outbox.store import migrate
 from outbox.store.lexical import QUERY_STOP_WORDS, match_terms
@@ -344,7 +344,7 @@ def test_both_legs_filter_inside_and_unrelated_queries_return_nothing(
 def test_search_on_the_command_line_shows_legs_and_relevance(
     settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from outbox.cli import main
+    from outbox.faces.cli import main
 
     with Outbox.open(settings) as ob:
         _write(ob, "the otter dives in the quarry", tags=["river"])

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from outbox.fallback import INDEX_NAME, FallbackQueue
-from outbox.record import build_record
+from outbox.core.record import build_record
+from outbox.write.fallback import INDEX_NAME, FallbackQueue
 from tests.conftest import FAULTY
 from tests.helpers.subproc import child_env, run_cli
 

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from outbox import ValidationError
-from outbox.keys import canonical_timestamp, idempotency_key, parse_instant
-from outbox.record import build_record
-from outbox.slugs import markdown_filename
+from outbox.core.keys import canonical_timestamp, idempotency_key, parse_instant
+from outbox.core.record import build_record
+from outbox.core.slugs import markdown_filename
 
 # Valid content: not blank, no NUL, no lone surrogate (the validation gate rejects those).
 contents = st.text(

@@ -15,10 +15,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from outbox.core.record import build_record
 from outbox.mirror import markdown
 from outbox.mirror.matter import delivered as from_deliveries
 from outbox.mirror.matter import initial
-from outbox.record import build_record
 from outbox.store.deliveries import DeliveryRow
 
 

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from outbox import Outbox, Settings, ValidationError, load_settings
-from outbox.demo import TURNS
+from outbox.faces.demo import TURNS
 from outbox.memory_core import PROMPT, RESPONSE, THOUGHT, MemoryService, compose_turn, split_turn
 
 

@@ -230,7 +230,7 @@ def test_wait_mirrored_with_nothing_queued_is_true_at_once(outbox: Outbox, timeo
 PROBE = """
 import sys, time
 from pathlib import Path
-from outbox.errors import MirrorBusy
+from outbox.core.errors import MirrorBusy
 from outbox.mirror.lock import MirrorLock
 lock = MirrorLock(Path(sys.argv[1]))
 waits = []

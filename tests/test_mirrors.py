@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from outbox import Outbox, Settings, load_settings
+from outbox.core.record import build_record
 from outbox.mirror import markdown
 from outbox.mirror.matter import initial
-from outbox.record import build_record
 from tests.conftest import FAULTY
 
 TS = "2026-11-29T08:00:00.000000Z"

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from outbox import Outbox, Settings
-from outbox.cli.status import status_text
+from outbox.faces.cli.status import status_text
 from outbox.testing.sinks import FaultySink
 from tests.conftest import FAULTY
 from tests.helpers.faults import held_write_lock
@@ -63,7 +63,7 @@ def test_verbose_and_quiet_work_after_the_subcommand_as_before_it(
     for verbose in (after, before):
         (line,) = _batch_lines(verbose.stderr)
         assert f"{FAULTY}: 3 records in " in line and ": 3 delivered, 0 retrying, 0 dead" in line
-        assert b"INFO outbox.cli.delivery: draining sqlite:///" in verbose.stderr
+        assert b"INFO outbox.faces.cli.delivery: draining sqlite:///" in verbose.stderr
         assert b"drain done in" in verbose.stderr
         assert b"alembic" not in verbose.stderr, "other libraries' INFO needs -vv"
     assert default.stderr == b"", "a drain that went well logs nothing by default"

@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from outbox import Outbox, load_settings
-from outbox.states import ReceiptStatus
+from outbox.core.states import ReceiptStatus
 from tests.conftest import FAULTY
 from tests.pg import unavailable
 

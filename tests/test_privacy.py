@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from outbox import Outbox, Settings, StoreFailed, ValidationError
+from outbox.core.record import Record, build_record
 from outbox.dispatch.retry import RetryPolicy
-from outbox.fallback import FallbackQueue
-from outbox.record import Record, build_record
 from outbox.sinks.base import Outcome, Rejected
 from outbox.testing.sinks import FaultySink
+from outbox.write.fallback import FallbackQueue
 from tests.conftest import FAULTY
 from tests.helpers.faults import held_write_lock, immutable, read_only, tmpfs
 from tests.helpers.subproc import child_env, run_cli
@@ -244,7 +244,7 @@ def test_files_are_0600_and_folders_0700(
 def test_an_error_line_names_no_markdown_file(tmp_path: Path) -> None:
     """A markdown file's name carries the first words of its memory; the command line's one
     error line names the folder instead, and keeps other paths (database, log) as they are."""
-    from outbox.cli.common import error_line
+    from outbox.faces.cli.common import error_line
 
     secret = tmp_path / "md" / "2026-11-29-my-bank-password-is-hunter2-0a1b2c3d.md"
     line = error_line(PermissionError(13, "Permission denied", str(secret)))

@@ -54,7 +54,10 @@ def test_the_readmes_first_command_installs_mcp_and_metrics() -> None:
 
 
 def test_outbox_mcp_and_the_metrics_module_import(tmp_path: Path) -> None:
-    probe = "import mcp_types, prometheus_client, outbox.mcp_server, outbox.metrics; print('ok')"
+    probe = (
+        "import mcp_types, prometheus_client, outbox.faces.mcp_server, outbox.faces.metrics;"
+        " print('ok')"
+    )
     done = subprocess.run(
         [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )

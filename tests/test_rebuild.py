@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 
 from outbox import Outbox, Settings, load_settings
-from outbox.fallback import FallbackQueue
-from outbox.rebuild import MARKER_NAME
-from outbox.rebuild_evidence import Evidence
-from outbox.record import build_record
+from outbox.core.record import build_record
+from outbox.operations.rebuild import MARKER_NAME
+from outbox.operations.rebuild_evidence import Evidence
+from outbox.write.fallback import FallbackQueue
 from tests.conftest import FAULTY
 from tests.helpers.checks import jsonl_events
 from tests.helpers.subproc import child_env, run_cli

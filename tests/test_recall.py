@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import event, text
 
 from outbox import Outbox
-from outbox.record import build_record
+from outbox.core.record import build_record
 from outbox.store import lexical
 from tests.pg import NOOP_SINK
 

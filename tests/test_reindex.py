@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from outbox import Outbox, Settings
-from outbox.cli import main
-from outbox.reindex import ReindexProgress, ReindexReport
+from outbox.faces.cli import main
+from outbox.operations.reindex import ReindexProgress, ReindexReport
 from outbox.sinks.chroma import ChromaSink, EmbeddingMismatch
 from outbox.sinks.chroma_index import IndexPointer
 from outbox.sinks.embedding import HashingEmbedding, MiniLMEmbedding, embedding_name
@@ -116,7 +116,7 @@ class _Pauses:
 def test_model_change_keeps_recall_and_delivery_and_switches(
     tmp_path: Path, sinks: list[ChromaSink], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, "outbox.reindex")
+    caplog.set_level(logging.INFO, "outbox.operations.reindex")
     old = _settings(tmp_path, "hashing")
     new = replace(old, embedding="minilm")
     keys = _filled(old, 300)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from outbox import Outbox, Settings
-from outbox.fallback import INDEX_NAME
+from outbox.write.fallback import INDEX_NAME
 from tests.conftest import FAULTY
 from tests.helpers.checks import (
     accepted_counts,

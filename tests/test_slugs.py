@@ -15,8 +15,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from outbox import Outbox
-from outbox.keys import content_hash_prefix
-from outbox.slugs import (
+from outbox.core.keys import content_hash_prefix
+from outbox.core.slugs import (
     carries_content_hash,
     choose_slug,
     derive_slug,

@@ -38,7 +38,7 @@ HEAVY = (
 
 LOADED = """
 import json, sys
-from outbox.cli import main
+from outbox.faces.cli import main
 code = main(sys.argv[2:])
 with open(sys.argv[1], "w") as out:
     json.dump({"code": code, "modules": sorted(sys.modules)}, out)
@@ -68,7 +68,7 @@ def under(modules: list[str], *packages: str) -> list[str]:
 
 def test_help_loads_no_database_write_path_or_sink(tmp_path: Path) -> None:
     modules = loaded_by(["--help"], tmp_path, child_env(tmp_path / ".outbox"))
-    assert "outbox.cli" in modules  # the parser itself did run
+    assert "outbox.faces.cli" in modules  # the parser itself did run
     assert under(modules, "sqlalchemy", "sqlite3", "yaml") == []
     assert under(modules, "outbox.api", "outbox.store", "outbox.write", "outbox.mirror") == []
     assert under(modules, "outbox.sinks", "outbox.dispatch") == []
@@ -90,10 +90,12 @@ def test_add_loads_the_write_path_and_nothing_it_does_not_use(
         ob.sync_mirrors()
     env = child_env(settings.home, markdown_dir=str(settings.markdown_dir), sinks="chroma")
     modules = loaded_by(["add", "a memory saved from the shell"], tmp_path, env)
-    assert "outbox.write" in modules  # the write did run, through the write path
+    assert "outbox.write.writer" in modules  # the write did run, through the write path
     # Chroma is the configured sink, and still nothing of it is loaded to write.
-    assert under(modules, "outbox.sinks", "outbox.dispatch", "outbox.reindex") == []
-    assert under(modules, "outbox.metrics", "outbox.ui", "outbox.rebuild") == []
+    assert under(modules, "outbox.sinks", "outbox.dispatch", "outbox.operations.reindex") == []
+    assert (
+        under(modules, "outbox.faces.metrics", "outbox.faces.ui", "outbox.operations.rebuild") == []
+    )
     # Nor the database toolkit: a steady store is written on the bare driver.
     assert under(modules, "sqlalchemy", "outbox.api", "outbox.store.storage", *HEAVY) == []
     with Outbox.open(settings) as ob:

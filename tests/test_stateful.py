@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from outbox import Outbox, load_settings
+from outbox.core.record import build_record
 from outbox.dispatch.retry import RetryPolicy
-from outbox.fallback import INDEX_NAME, FallbackQueue
-from outbox.record import build_record
 from outbox.testing.sinks import FaultySink
+from outbox.write.fallback import INDEX_NAME, FallbackQueue
 from tests.conftest import FAULTY
 from tests.helpers.checks import accepted_counts, contract_key, files_by_key, front_matter
 

@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import event
 
 from outbox import Outbox, Settings, load_settings
-from outbox.states import DeliveryState
+from outbox.core.states import DeliveryState
 from outbox.store.storage import Storage
 from outbox.testing.storage_helpers import rows_by_id, seed
 from tests.pg import NOOP_SINK

@@ -217,7 +217,7 @@ def test_the_wheel_ships_the_templates_and_static_files(tmp_path: Path) -> None:
     assert build.returncode == 0, build.stderr
     (wheel,) = tmp_path.glob("memory_outbox-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    package = REPO / "outbox" / "ui"
+    package = REPO / "outbox" / "faces" / "ui"
     shipped = {
         path.relative_to(REPO).as_posix()
         for folder in ("templates", "static")

@@ -10,9 +10,9 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass
 
-from outbox.errors import OutboxError
+from outbox.core.errors import OutboxError
+from outbox.core.states import FailureReason
 from outbox.sinks.base import Permanent, Transient, describe
-from outbox.states import FailureReason
 
 # OSErrors that mean the other side's connection is gone, whatever class they came as.
 _CONNECTION_ERRNOS = frozenset(

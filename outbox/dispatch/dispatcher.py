@@ -18,17 +18,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from outbox.core.states import UNDELIVERED, DeliveryState
 from outbox.dispatch.batch_report import BatchReport
 from outbox.dispatch.classify import first_line
 from outbox.dispatch.heartbeat import HeartbeatThread
 from outbox.dispatch.retry import RetryPolicy
 from outbox.dispatch.worker import SinkProgress, SinkWorker
 from outbox.sinks.base import Sink
-from outbox.states import UNDELIVERED, DeliveryState
 from outbox.store.wakeup import Listener
 
 if TYPE_CHECKING:
-    from outbox.config import Settings
+    from outbox.core.config import Settings
     from outbox.mirror.mirrors import Mirrors
     from outbox.store.storage import Storage
 

@@ -14,9 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from outbox.core.record import Record
+from outbox.core.states import DeliveryOp
 from outbox.dispatch.batch_report import BatchReport
 from outbox.dispatch.classify import classify
-from outbox.record import Record
 from outbox.sinks.base import (
     Deleted,
     DeleteOutcome,
@@ -28,7 +29,6 @@ from outbox.sinks.base import (
     describe,
 )
 from outbox.sinks.registry import adopt, load_sink
-from outbox.states import DeliveryOp
 from outbox.store.deliveries import Claim
 
 if TYPE_CHECKING:

@@ -6,8 +6,8 @@ or loss, and ``verify`` says so.
 
 from __future__ import annotations
 
+from outbox.core.states import MirrorEvent
 from outbox.mirror.jsonl import JsonlLog, reanchor_event
-from outbox.states import MirrorEvent
 
 
 def marks(jsonl: JsonlLog) -> tuple[dict[int, str], set[tuple[int, str]]]:

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from outbox.core.safe_files import open_file
+from outbox.core.states import MirrorEvent
 from outbox.mirror import markdown
 from outbox.mirror.jsonl import JsonlLog, accepted_event, line_hash
-from outbox.safe_files import open_file
-from outbox.states import MirrorEvent
 from outbox.store.rows import StoredRecord
 from outbox.store.storage import Storage
 

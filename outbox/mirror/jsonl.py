@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from outbox.folders import ensure_private_dir
-from outbox.safe_files import open_file
+from outbox.core.folders import ensure_private_dir
+from outbox.core.safe_files import open_file
 
 GENESIS = "0" * 64
 _TAIL_CHUNK = 65_536

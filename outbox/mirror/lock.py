@@ -25,9 +25,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from outbox.errors import MirrorBusy
-from outbox.folders import ensure_private_dir
-from outbox.safe_files import open_file
+from outbox.core.errors import MirrorBusy
+from outbox.core.folders import ensure_private_dir
+from outbox.core.safe_files import open_file
 
 # How long a process that gave the flock up waits for the waiters to take their turn.
 YIELD_SECONDS = 0.05

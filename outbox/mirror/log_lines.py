@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from outbox.safe_files import open_file
+from outbox.core.safe_files import open_file
 
 CHUNK = 1 << 20
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from outbox.record import Record
-from outbox.states import REASON_PENDING, BuiltinSink, DeliveryState
+from outbox.core.record import Record
+from outbox.core.states import REASON_PENDING, BuiltinSink, DeliveryState
 
 if TYPE_CHECKING:
     from outbox.store.deliveries import DeliveryRow

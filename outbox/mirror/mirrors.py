@@ -17,17 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from outbox.fallback import INDEX_NAME, PROCESSING_SUFFIX
-from outbox.folders import ensure_private_dir
+from outbox.core.folders import ensure_private_dir
+from outbox.core.record import Record
+from outbox.core.slugs import carries_content_hash, markdown_filename
 from outbox.mirror import markdown, matter
 from outbox.mirror.jsonl import JsonlLog, accepted_event
 from outbox.mirror.lock import MirrorLock
 from outbox.mirror.writer import MirrorWriter
-from outbox.record import Record
-from outbox.slugs import carries_content_hash, markdown_filename
+from outbox.write.fallback import INDEX_NAME, PROCESSING_SUFFIX
 
 if TYPE_CHECKING:
-    from outbox.config import Settings
+    from outbox.core.config import Settings
     from outbox.mirror.repair import MirrorSync, RepairReport
     from outbox.mirror.verify import VerifyReport
     from outbox.store.storage import Storage

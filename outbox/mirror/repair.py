@@ -12,13 +12,13 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from outbox.folders import ensure_private_dir
+from outbox.core.folders import ensure_private_dir
+from outbox.core.record import Record
+from outbox.core.states import DeliveryOp, DeliveryState, MirrorEvent
 from outbox.mirror import markdown, matter
 from outbox.mirror.chain import reanchor
 from outbox.mirror.forget import Redactor
 from outbox.mirror.jsonl import JsonlLog, accepted_event
-from outbox.record import Record
-from outbox.states import DeliveryOp, DeliveryState, MirrorEvent
 from outbox.store.deliveries import DeliveryRow
 from outbox.store.rows import StoredRecord
 from outbox.store.storage import Storage

@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from outbox.keys import idempotency_key
+from outbox.core.keys import idempotency_key
+from outbox.core.states import SETTLED, DeliveryState, MirrorEvent
 from outbox.mirror import markdown
 from outbox.mirror.forget import is_redacted
 from outbox.mirror.jsonl import JsonlLog
 from outbox.mirror.repair import delivery_event
-from outbox.states import SETTLED, DeliveryState, MirrorEvent
 from outbox.store.delivery_reads import DeliveryRow
 from outbox.store.rows import StoredRecord
 from outbox.store.storage import Storage

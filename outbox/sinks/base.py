@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from outbox.record import Record
-from outbox.states import FailureReason
+from outbox.core.record import Record
+from outbox.core.states import FailureReason
 
 __all__ = [
     "DeleteOutcome",

@@ -30,8 +30,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from outbox.config import Settings
-from outbox.record import Record
+from outbox.core.config import Settings
+from outbox.core.record import Record
 from outbox.sinks.base import Deleted, DeleteOutcome, Held, Outcome
 from outbox.sinks.brainlayer_errors import (
     failure_of,

@@ -11,9 +11,9 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from outbox.record import Record
+from outbox.core.record import Record
+from outbox.core.states import FailureReason
 from outbox.sinks.base import Delivered, NotDelivered, Outcome, Permanent, Rejected, Transient
-from outbox.states import FailureReason
 
 DELIVERED_OUTCOMES = frozenset({"stored", "duplicate", "merged"})
 # DEFERRED reasons that mean "the database could not take it now"; any other reason means

@@ -13,8 +13,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from outbox.config import Settings
-from outbox.record import Record
+from outbox.core.config import Settings
+from outbox.core.record import Record
+from outbox.core.states import FailureReason
 from outbox.sinks.base import (
     Deleted,
     DeleteOutcome,
@@ -32,7 +33,6 @@ from outbox.sinks.brainlayer import (
     project_of,
 )
 from outbox.sinks.brainlayer_errors import deferred, failure_of, refused, safe_text
-from outbox.states import FailureReason
 
 if TYPE_CHECKING:
     from outbox.sinks.mcp_client import StdioMcpClient

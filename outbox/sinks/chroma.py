@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from outbox.config import Settings
-from outbox.errors import ConfigError, OutboxError
-from outbox.record import Record
+from outbox.core.config import Settings
+from outbox.core.errors import ConfigError, OutboxError
+from outbox.core.record import Record
 from outbox.sinks.base import Deleted, DeleteOutcome, Delivered, Held, Outcome, Rejected
 from outbox.sinks.chroma_client import Backend, ServerBackend, chroma_failure, parse_chroma_url
 from outbox.sinks.chroma_documents import chroma_metadata, has_visible_text, vector_problem

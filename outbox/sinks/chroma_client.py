@@ -14,11 +14,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
-from outbox.errors import ConfigError
+from outbox.core.errors import ConfigError
+from outbox.core.states import FailureReason
 from outbox.sinks.base import Permanent, Transient, describe
 from outbox.sinks.chroma_documents import MetadataValue
 from outbox.sinks.embedding import register_with_chroma
-from outbox.states import FailureReason
 
 if TYPE_CHECKING:
     from chromadb.api import ClientAPI

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from outbox.record import Record
+from outbox.core.record import Record
 
 # Metadata keys the sink writes itself; a record's own metadata cannot override them.
 RESERVED_KEYS = frozenset({"timestamp", "timestamp_epoch", "importance", "tags"})

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from outbox.folders import ensure_private_dir
+from outbox.core.folders import ensure_private_dir
 
 INDEX_FILE = "vector-index.json"
 LOCK_FILE = "vector-index.lock"

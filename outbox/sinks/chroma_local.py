@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import IO, Any
 
 import outbox
-from outbox.errors import OutboxError
+from outbox.core.errors import OutboxError
+from outbox.core.states import FailureReason
 from outbox.sinks.base import Transient
-from outbox.states import FailureReason
 
 OWNER_LOCK = "outbox-owner.lock"
 OPS = frozenset({"open", "upsert", "query", "count", "drop", "delete"})

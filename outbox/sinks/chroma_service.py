@@ -36,11 +36,11 @@ from pathlib import Path
 from typing import IO, Any
 
 import outbox
-from outbox.errors import OutboxError
+from outbox.core.errors import OutboxError
+from outbox.core.states import FailureReason
 from outbox.sinks.base import Transient
 from outbox.sinks.chroma_client import ServerBackend, chroma_failure
 from outbox.sinks.chroma_local import OWNER_LOCK
-from outbox.states import FailureReason
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
 
-from outbox.errors import ConfigError, OutboxError
+from outbox.core.errors import ConfigError, OutboxError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -121,7 +121,7 @@ def _usable_cores() -> int:
 
 def _thread_setting() -> int:
     """``OUTBOX_EMBED_THREADS`` as the settings resolve it (environment, then YAML file)."""
-    from outbox.config import load_settings
+    from outbox.core.config import load_settings
 
     return load_settings().embed_threads
 

@@ -29,8 +29,8 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 
+from outbox.core.states import FailureReason
 from outbox.sinks.base import Transient
-from outbox.states import FailureReason
 
 # stdio_client's own shutdown waits 0.5 s for a flush, 2 s for the server to exit after its
 # stdin closes, then terminates and kills it (2 s each): the handle waits a little longer.

@@ -6,8 +6,8 @@ import importlib
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
-from outbox.config import Settings
-from outbox.errors import ConfigError
+from outbox.core.config import Settings
+from outbox.core.errors import ConfigError
 from outbox.sinks.base import DeleteOutcome, Held, Permanent, Sink
 
 

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from outbox.errors import DatabaseTimeout
+from outbox.core.errors import DatabaseTimeout
 
 T = TypeVar("T")
 

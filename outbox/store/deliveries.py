@@ -25,7 +25,7 @@ from sqlalchemy import (
     update,
 )
 
-from outbox.states import UNDELIVERED, DeliveryOp, DeliveryState
+from outbox.core.states import UNDELIVERED, DeliveryOp, DeliveryState
 from outbox.store.delivery_reads import CHUNK, PENDING_DEPTH_CAP, DeliveryReads, DeliveryRow
 from outbox.store.schema import deliveries
 

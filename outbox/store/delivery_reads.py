@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Engine, and_, func, select
 
-from outbox.states import UNDELIVERED, DeliveryState
+from outbox.core.states import UNDELIVERED, DeliveryState
 from outbox.store.schema import deliveries
 
 # How far pending_summary counts: beyond this a backlog is reported as "at least this many".

@@ -20,10 +20,10 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
-from outbox.config import Settings
-from outbox.fallback import UNAVAILABLE_BARE
-from outbox.folders import ensure_private_dir
+from outbox.core.config import Settings
+from outbox.core.folders import ensure_private_dir
 from outbox.store.sqlite_writes import apply_discipline, connect_writer
+from outbox.write.fallback import UNAVAILABLE_BARE
 
 # What makes a write go to the fallback file instead of failing, SQLAlchemy's errors included.
 UNAVAILABLE = (DBAPIError, *UNAVAILABLE_BARE)

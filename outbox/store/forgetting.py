@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, func, insert, literal_column, select, update
 
-from outbox.states import DeliveryOp, DeliveryState
+from outbox.core.states import DeliveryOp, DeliveryState
 from outbox.store.rows import StoredRecord, row_to_record
 from outbox.store.schema import deliveries, graph_edges, graph_nodes, records
 

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from sqlalchemy import Engine, Table, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from outbox.errors import OutboxError
+from outbox.core.errors import OutboxError
 from outbox.store.schema import store_locations
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ class LocationMismatch(OutboxError):
 
 
 class Placed(Protocol):
-    """What the check reads from the settings (``outbox.config.Settings`` has it)."""
+    """What the check reads from the settings (``outbox.core.config.Settings`` has it)."""
 
     @property
     def mirror_id(self) -> str: ...

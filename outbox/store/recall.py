@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import Engine, and_, func, or_, select, text
 
-from outbox.recall import CONTEXT_REACH, RecallFilter
+from outbox.recall.fusion import CONTEXT_REACH, RecallFilter
 from outbox.store.lexical import (
     MATCH_BUDGET,
     OverlayFactory,

@@ -15,7 +15,7 @@ from typing import Protocol
 from sqlalchemy import Connection, Engine, func, select, update
 from sqlalchemy.dialects import postgresql
 
-from outbox.record import Record
+from outbox.core.record import Record
 from outbox.store.rows import NewRows, StoredRecord, new_rows, row_to_record
 from outbox.store.schema import deliveries, graph_edges, graph_nodes, records
 from outbox.store.sqlite_writes import CHUNK, SqliteRows

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, bindparam, update
 
-from outbox.states import DeliveryState
+from outbox.core.states import DeliveryState
 from outbox.store.schema import deliveries
 
 

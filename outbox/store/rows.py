@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from outbox.record import Record
-from outbox.states import DeliveryOp, DeliveryState
+from outbox.core.record import Record
+from outbox.core.states import DeliveryOp, DeliveryState
 
 # The anchor node every memory hangs from (neo.mjs's recency frontier).
 FRONTIER_NODE_ID = "frontier"

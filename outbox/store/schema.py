@@ -93,9 +93,9 @@ deliveries = Table(
     Column("id", SeqType, primary_key=True, autoincrement=True),
     Column("record_key", String(64), ForeignKey("records.key", ondelete="CASCADE"), nullable=False),
     Column("sink", String(255), nullable=False),
-    # One of outbox.states.DeliveryState.
+    # One of outbox.core.states.DeliveryState.
     Column("state", String(16), nullable=False),
-    # One of outbox.states.DeliveryOp: a forget turns the row into a delete for its sink.
+    # One of outbox.core.states.DeliveryOp: a forget turns the row into a delete for its sink.
     Column("op", String(8), nullable=False, default="deliver", server_default="deliver"),
     Column("attempts", Integer, nullable=False, default=0),
     # When the row may next be claimed: the retry time while pending, the lease expiry while

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from outbox.record import Record
+from outbox.core.record import Record
 from outbox.store.rows import NewRows, StoredRecord, new_rows, row_to_record
 
 # Keys per ``IN (...)`` list and records per multi-row INSERT: well below SQLite's limit on

@@ -26,7 +26,7 @@ import pytest
 from sqlalchemy import update
 
 from outbox import Outbox, Settings
-from outbox.record import Record
+from outbox.core.record import Record
 from outbox.sinks.base import Delivered, Sink
 from outbox.sinks.registry import load_sink
 from outbox.store.schema import deliveries

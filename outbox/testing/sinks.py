@@ -23,8 +23,9 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from outbox.config import Settings
-from outbox.record import Record
+from outbox.core.config import Settings
+from outbox.core.record import Record
+from outbox.core.states import FailureReason
 from outbox.sinks.base import (
     Deleted,
     DeleteOutcome,
@@ -35,7 +36,6 @@ from outbox.sinks.base import (
     Rejected,
     Transient,
 )
-from outbox.states import FailureReason
 
 
 class FaultySink:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from sqlalchemy import Engine, select
 
-from outbox.record import build_record
-from outbox.states import DeliveryState
+from outbox.core.record import build_record
+from outbox.core.states import DeliveryState
 from outbox.store.heartbeats import Heartbeat
 from outbox.store.schema import FRONTIER_NODE_ID, deliveries, graph_edges, graph_nodes, records
 from outbox.store.storage import Storage
@@ -495,7 +495,7 @@ class StorageConformance:
     def test_forget_tombstones_the_record_and_turns_each_row_into_a_delete(
         self, storage: Storage
     ) -> None:
-        from outbox.states import DeliveryOp
+        from outbox.core.states import DeliveryOp
         from outbox.store.forgetting import MIRRORS_DUE, PURGE_DUE
 
         delivered_key, untried_key = seed(storage, 2, now=100.0, prefix="forget")

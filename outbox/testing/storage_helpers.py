@@ -13,9 +13,9 @@ from typing import Any
 
 from sqlalchemy import Engine, func, select
 
-from outbox.config import load_settings
-from outbox.record import build_record
-from outbox.states import DeliveryState
+from outbox.core.config import load_settings
+from outbox.core.record import build_record
+from outbox.core.states import DeliveryState
 from outbox.store.deliveries import Claim
 from outbox.store.engine import make_engine
 from outbox.store.schema import deliveries, graph_edges, graph_nodes, records

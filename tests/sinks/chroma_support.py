@@ -18,7 +18,7 @@ from typing import Any
 import chromadb
 
 from outbox import Settings, load_settings
-from outbox.record import Record
+from outbox.core.record import Record
 from outbox.sinks.chroma_client import parse_chroma_url
 from outbox.sinks.chroma_service import SharedServer
 

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from outbox import Outbox
+from outbox.core.record import build_record
 from outbox.dispatch.classify import classify
-from outbox.record import build_record
 from outbox.sinks.base import Delivered, Rejected
 from outbox.sinks.brainlayer_errors import failure_of
 from outbox.sinks.brainlayer_mcp import BrainLayerMcpSink, reply_outcome

@@ -24,9 +24,9 @@ from brainlayer.runtime_store import SchemaFingerprintMismatch
 from brainlayer.vector_store import WriterInUseError
 
 from outbox import Outbox
+from outbox.core.record import Record, build_record
 from outbox.dispatch.classify import classify
 from outbox.mirror import markdown
-from outbox.record import Record, build_record
 from outbox.sinks.brainlayer import INSTALL_HINT, BrainLayerMissing, BrainLayerSink, chunk_id_for
 from outbox.sinks.brainlayer_errors import failure_of
 from outbox.sinks.registry import load_sink

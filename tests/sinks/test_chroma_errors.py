@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from chromadb.errors import DuplicateIDError, InternalError, InvalidArgumentError, NotFoundError
 
+from outbox.core.errors import ConfigError
+from outbox.core.record import build_record
 from outbox.dispatch.classify import Failure, classify
-from outbox.errors import ConfigError
-from outbox.record import build_record
 from outbox.sinks.base import Delivered, Permanent, Rejected, Transient
 from outbox.sinks.chroma import ChromaSink, EmbeddingMismatch
 from outbox.sinks.chroma_client import chroma_failure, parse_chroma_url

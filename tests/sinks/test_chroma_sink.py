@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 from outbox import Outbox, Settings
+from outbox.core.record import build_record
 from outbox.dispatch.classify import classify
-from outbox.record import build_record
 from outbox.sinks.base import Delivered, Transient
 from outbox.sinks.chroma import ChromaSink
 from outbox.sinks.chroma_documents import chroma_metadata

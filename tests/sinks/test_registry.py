@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from outbox import Settings, load_settings
-from outbox.errors import ConfigError
-from outbox.record import Record
+from outbox.core.errors import ConfigError
+from outbox.core.record import Record
 from outbox.sinks.base import Delivered, Outcome, Sink
 from outbox.sinks.registry import load_sink
 

@@ -1,0 +1,149 @@
+"""What every command shares: exit codes, the one-object ``--json`` output, the one-line
+error, opening the outbox, and how a command group adds its subcommands to the parser."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from outbox.api import Outbox
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+class AddCommand(Protocol):
+    """Adds one subcommand (with ``--json`` unless told otherwise) and returns its parser."""
+
+    def __call__(
+        self, name: str, handler: Handler, help_text: str, json_flag: bool = True
+    ) -> argparse.ArgumentParser: ...
+
+
+def emit(args: argparse.Namespace, payload: dict[str, Any], text: str) -> None:
+    """One JSON object under ``--json``, else the human text: scripts and people both parse."""
+    if getattr(args, "json", False):
+        sys.stdout.write(json.dumps(payload, ensure_ascii=False, default=str) + "\n")
+    elif text:
+        sys.stdout.write(text.rstrip("\n") + "\n")
+
+
+def error_line(exc: BaseException) -> str:
+    """The first line of an error, naming no markdown file: a file's name carries the first
+    words of its memory, and error lines end up in logs and issues."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        where = Path(os.fsdecode(exc.filename))
+        shown = f"a markdown file in {where.parent}" if where.suffix == ".md" else str(where)
+        return f"{exc.strerror or 'error'}: {shown}"
+    # One line: SQLAlchemy's messages go on with the statement and a help link.
+    return str(exc).splitlines()[0] if str(exc) else ""
+
+
+def fail(message: str, code: int) -> int:
+    """One line on stderr and the exit code: the command line never shows a traceback."""
+    sys.stderr.write(f"outbox: {message}\n")
+    return code
+
+
+def open_outbox(*, repair: bool = True, create: bool = False) -> Outbox:
+    """The outbox of the usual settings, imported here so a command that needs none starts
+    without the database layer; ``repair=False`` writes nothing to the mirrors on open.
+    Only a command that writes (``create``) may start a new store: any other one says that
+    none was found, and where it looked, instead of opening an empty one."""
+    from outbox.api import Outbox
+    from outbox.core.config import load_settings
+    from outbox.core.errors import OutboxError
+
+    settings = load_settings()
+    if not create and not settings.home.is_dir():
+        raise OutboxError(
+            f"no outbox store at {settings.home} (looked in {Path.cwd()} and above it; "
+            "set OUTBOX_HOME, or write a first memory with outbox add)"
+        )
+    return Outbox.open(settings, repair=repair)
+
+
+# The daemon says when it starts and stops (and warns) unless told to be quiet; the other
+# long-running commands warn; a one-shot command speaks through its result and one error line.
+_SAYS_WHAT_IT_DOES = ("run",)
+_WARNS = ("drain", "mcp", "reindex")
+
+
+def add_verbosity(parser: argparse.ArgumentParser, *, subcommand: bool = False) -> None:
+    """``-v``/``-q`` on the command and again on each subcommand, so ``outbox run -v`` works
+    as ``outbox -v run`` does (a subcommand's flag wins; unset, it leaves the other alone)."""
+    flags = parser.add_mutually_exclusive_group()
+    flags.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=argparse.SUPPRESS if subcommand else 0,
+        help="log more on stderr: -v the outbox's INFO lines, -vv DEBUG and other libraries",
+    )
+    flags.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=argparse.SUPPRESS if subcommand else False,
+        help="log errors only",
+    )
+
+
+class _LevelFilter(logging.Filter):
+    """Per-source thresholds on the one stderr handler: the command's own lines, the
+    outbox's, and every other library's (whose set-up chatter would hide ours). A filter,
+    not logger levels, so calling ``main`` in a process leaves its loggers as they were."""
+
+    def __init__(self, command: int, ours: int, others: int) -> None:
+        super().__init__()
+        self.command, self.ours, self.others = command, ours, others
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        name = record.name
+        if name.startswith("outbox.faces.cli.") or name == "outbox.faces.cli":
+            return record.levelno >= self.command
+        if name.startswith("outbox.") or name == "outbox":
+            return record.levelno >= self.ours
+        return record.levelno >= self.others
+
+
+def configure_logging(args: argparse.Namespace) -> None:
+    """Log levels from the command and its flags; ``-v`` adds a line per batch."""
+    if args.quiet:
+        ours = logging.ERROR
+    elif args.verbose >= 2:
+        ours = logging.DEBUG
+    elif args.verbose == 1:
+        ours = logging.INFO
+    else:
+        loud = args.command in _SAYS_WHAT_IT_DOES + _WARNS
+        ours = logging.WARNING if loud else logging.ERROR
+    says = args.command in _SAYS_WHAT_IT_DOES and not args.quiet
+    command = min(ours, logging.INFO) if says else ours  # its start and stop lines
+    others = logging.INFO if args.verbose >= 2 else max(ours, logging.WARNING)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("outbox: %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(_LevelFilter(command, ours, others))
+    logging.basicConfig(level=min(command, ours, others), handlers=[handler])
+
+
+def failure_line(exc: Exception) -> str:
+    """An unexpected error as one line. A database error names the database and what to
+    check, which the driver's own text never does."""
+    if type(exc).__module__.split(".")[0] in ("sqlalchemy", "sqlite3", "psycopg"):
+        from outbox.core.config import load_settings
+        from outbox.core.errors import OutboxError, StoreUnreadable
+
+        try:
+            return str(StoreUnreadable.of(load_settings().db_url, exc, doing="use"))
+        except OutboxError:  # the settings themselves are bad: the plain line
+            pass
+    return f"{exc.__class__.__name__}: {error_line(exc)}"

@@ -1,0 +1,157 @@
+"""``outbox search``, ``outbox recent``, ``outbox demo`` and ``outbox mcp``: memory-core's
+recall and tools on the command line. Results print one memory per table line."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from outbox.faces.cli.common import EXIT_FAILED, EXIT_OK, AddCommand, emit, open_outbox
+
+if TYPE_CHECKING:
+    from outbox.memory_core import MemoryService
+
+
+# Wide enough for every leg at once: lexical+vector+context+date.
+_LEGS = 27
+
+
+def _clip(text: str, width: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def _memory_cell(row: dict[str, Any]) -> str:
+    """One result's memory on one table line, alike in ``search`` and ``recent``: a plain
+    memory's content, or a turn's prompt and response."""
+    text = row.get("content") or f"{row.get('prompt', '')} → {row.get('response', '')}"
+    return _clip(text, 80)
+
+
+def _ask(question: Callable[[MemoryService], dict[str, Any]]) -> dict[str, Any]:
+    """One memory-core call on a service of its own, closed however the call ends."""
+    from outbox.memory_core import MemoryService
+
+    service = MemoryService(open_outbox())
+    try:
+        return question(service)
+    finally:
+        service.close()
+
+
+def _table(
+    rows: list[dict[str, Any]], header: str, line: Callable[[dict[str, Any]], str], empty: str
+) -> list[str]:
+    """``header`` and one line per row, each ending with its memory; ``empty`` alone when
+    there are no rows."""
+    if not rows:
+        return [empty]
+    return [f"{header} memory", *(f"{line(row)} {_memory_cell(row)}" for row in rows)]
+
+
+def _search_line(row: dict[str, Any]) -> str:
+    """Which legs found a hit, how relevant it reads, its bm25 and vector distance."""
+    legs = "+".join(row["legs"])
+    bm25 = "-" if row.get("bm25") is None else f"{row['bm25']:.2f}"
+    distance = "-" if row.get("distance") is None else f"{row['distance']:.3f}"
+    when = row["timestamp"]
+    return f"{legs:<{_LEGS}} {row['relevance']:>9.2f} {bm25:>7} {distance:>8}  {when:<27}"
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    answer = _ask(
+        lambda service: service.query_raw_memories(
+            args.query,
+            n_results=args.n,
+            session_id=args.session,
+            agent=args.agent,
+            tags=args.tag,
+            min_importance=args.min_importance,
+            since=args.since,
+            until=args.until,
+            min_relevance=args.min_relevance,
+        )
+    )
+    lines = _table(
+        answer["results"],
+        f"{'legs':<{_LEGS}} {'relevance':>9} {'bm25':>7} {'distance':>8}  {'timestamp':<27}",
+        _search_line,
+        f"no memories match (relevance below {answer['minRelevance']:.2f} left out)",
+    )
+    if answer.get("degraded"):
+        lines.append(f"note: {answer['degraded']}; showing memories found by their words only")
+    emit(args, answer, "\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_recent(args: argparse.Namespace) -> int:
+    answer = _ask(
+        lambda service: service.query_recent_turns(
+            session_id=args.session, agent=args.agent, limit=args.limit, before=args.before
+        )
+    )
+    lines = _table(
+        answer["turns"],
+        f"{'timestamp':<27} {'session':<12}",
+        lambda row: f"{row['timestamp']:<27} {str(row['sessionId'] or '-')[:12]:<12}",
+        "no memories yet",
+    )
+    if answer["turns"] and answer["nextCursor"]:
+        cursor = answer["nextCursor"]
+        lines.append(f"more: --before '{cursor['timestamp']}|{cursor['id']}'")
+    emit(args, answer, "\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from outbox.faces.demo import run
+
+    ok = run(Path(args.dir))
+    print("demo complete" if ok else "demo finished with a surprise: see the lines above")
+    return EXIT_OK if ok else EXIT_FAILED
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from outbox.faces.mcp_server import serve
+
+    serve(drain=args.drain, store_wait=args.store_wait)
+    return EXIT_OK
+
+
+def register(command: AddCommand) -> None:
+    search = command("search", cmd_search, "recall by meaning and by words")
+    search.add_argument("query", metavar="QUERY")
+    search.add_argument("-n", type=int, default=10, help="how many results (default 10)")
+    search.add_argument("--session", help="only this session")
+    search.add_argument("--agent", help="only this agent's memories")
+    search.add_argument(
+        "--tag", action="append", help="only memories with this tag (repeat: all of them)"
+    )
+    search.add_argument("--min-importance", type=int, help="only importance N or more")
+    search.add_argument("--since", help="only memories at or after this ISO 8601 time")
+    search.add_argument("--until", help="only memories before this ISO 8601 time")
+    search.add_argument(
+        "--min-relevance",
+        type=float,
+        help="leave out hits less relevant than this, 0..1 (default: the library's)",
+    )
+    recent = command("recent", cmd_recent, "the newest memories first")
+    recent.add_argument("--limit", type=int, default=20)
+    recent.add_argument("--session", help="only this session")
+    recent.add_argument("--agent", help="only this agent")
+    recent.add_argument("--before", help="cursor 'TIMESTAMP|KEY' from the previous page")
+    demo = command("demo", cmd_demo, "the whole loop on the embedded default", json_flag=False)
+    demo.add_argument(
+        "--dir", default="outbox-demo", help="folder for the demo (default ./outbox-demo)"
+    )
+    mcp = command("mcp", cmd_mcp, "serve the memory tools over MCP on stdio", json_flag=False)
+    mcp.add_argument("--drain", action="store_true", help="also deliver in the background")
+    mcp.add_argument(
+        "--store-wait",
+        type=float,
+        default=0.0,
+        help="brain_store waits up to S seconds for a concrete sink id",
+    )

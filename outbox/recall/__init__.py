@@ -1,0 +1,1 @@
+"""Hybrid recall: the lexical and vector legs fused into typed, calibrated hits."""

@@ -1,0 +1,312 @@
+"""Hybrid recall's pure parts: the filter a query carries into both legs, how sure each leg is
+of a hit (``relevance`` in [0, 1]), and how the two rankings become one.
+
+Pure functions and frozen values only: no database, no model, so each rule is pinned by
+property tests and both legs read the same filter the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import date, datetime
+from functools import lru_cache
+from typing import Any
+
+from outbox.core.keys import canonical_timestamp, parse_instant
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+# Longest first: the first suffix that leaves a stem of three letters or more is cut.
+_SUFFIXES = ("ations", "ation", "ingly", "ings", "edly", "ing", "ies", "ied", "es", "ed", "ly", "s")
+TAG_PREFIX = "tag:"
+
+# Cosine distances of the offline MiniLM: at or below FULL a hit reads as a sure match, at
+# or above NONE as unrelated; relevance is linear between (docs/memory-core.md).
+DISTANCE_FULL, DISTANCE_NONE = 0.30, 0.75
+# The default ``min_relevance``, chosen on the development split (docs/memory-core.md), and
+# the share of it the hits below a query's answering hit must still reach.
+MIN_RELEVANCE, KEEP_SHARE = 0.30, 0.5
+# How many turns before and after a hit in its session recall looks at for context.
+CONTEXT_REACH = 2
+
+
+@lru_cache(maxsize=1 << 16)
+def stem(word: str) -> str:
+    """A crude English stem, enough to see that ``painted`` answers ``paint`` (pure, so
+    memoised: recall stems the same words of every memory it weighs)."""
+    word = word.lower().removesuffix("'s")
+    for suffix in _SUFFIXES:
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            return word[: -len(suffix)]
+    return word
+
+
+def stems(text: str) -> set[str]:
+    return {stem(word) for word in _WORD.findall(text)}
+
+
+@dataclass(frozen=True)
+class RecallFilter:
+    """What a memory must be to be recalled; every field optional, all must hold.
+
+    ``since`` is inclusive and ``until`` exclusive, both canonical timestamps.
+    """
+
+    session_id: str | None = None
+    agent: str | None = None
+    tags: tuple[str, ...] = ()
+    min_importance: int | None = None
+    since: str | None = None
+    until: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        session_id: str | None = None,
+        agent: str | None = None,
+        tags: Iterable[str] | None = None,
+        min_importance: int | None = None,
+        since: str | datetime | date | None = None,
+        until: str | datetime | date | None = None,
+    ) -> RecallFilter:
+        """A filter from a caller's loose values: times in any ISO 8601 form."""
+        return cls(
+            session_id=session_id or None,
+            agent=agent or None,
+            tags=tuple(dict.fromkeys(str(tag) for tag in _listed(tags))),
+            min_importance=None if min_importance is None else int(min_importance),
+            since=None if since is None else canonical_timestamp(since),
+            until=None if until is None else canonical_timestamp(until),
+        )
+
+    @property
+    def empty(self) -> bool:
+        return self == RecallFilter()
+
+    def admits(
+        self, timestamp: str, importance: int, tags: Sequence[str], metadata: Mapping[str, Any]
+    ) -> bool:
+        """Whether a stored memory passes: the check both legs' own queries make."""
+        checks = (
+            self.session_id is None or str(metadata.get("session_id")) == self.session_id,
+            self.agent is None or str(metadata.get("agent")) == self.agent,
+            set(self.tags) <= set(tags),
+            self.min_importance is None or importance >= self.min_importance,
+            self.since is None or timestamp >= self.since,
+            self.until is None or timestamp < self.until,
+        )
+        return all(checks)
+
+    def chroma_where(self) -> dict[str, Any] | None:
+        """The same filter as a Chroma ``where``, over the scalar keys the sink writes."""
+        clauses: list[dict[str, Any]] = []
+        if self.session_id is not None:
+            clauses.append({"session_id": self.session_id})
+        if self.agent is not None:
+            clauses.append({"agent": self.agent})
+        clauses += [{TAG_PREFIX + tag: True} for tag in self.tags]
+        if self.min_importance is not None:
+            clauses.append({"importance": {"$gte": self.min_importance}})
+        if self.since is not None:
+            clauses.append({"timestamp_epoch": {"$gte": _epoch(self.since)}})
+        if self.until is not None:
+            clauses.append({"timestamp_epoch": {"$lt": _epoch(self.until)}})
+        if not clauses:
+            return None
+        return clauses[0] if len(clauses) == 1 else {"$and": clauses}
+
+
+def _listed(tags: Iterable[str] | None) -> Iterable[str]:
+    return [tags] if isinstance(tags, str) else tags or ()
+
+
+def _epoch(timestamp: str) -> float:
+    return parse_instant(timestamp).timestamp()
+
+
+@dataclass(frozen=True)
+class TermWeights:
+    """Each telling query word's stem and weight (rarity): what lexical relevance counts."""
+
+    weights: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, counts: Mapping[str, int], total: int, cap: int) -> TermWeights:
+        """IDF of each word from its match count; a word counted up to ``cap`` is too common
+        to tell memories apart and weighs nothing, an unknown word weighs the most."""
+        weights: dict[str, float] = {}
+        total = max(total, 1)
+        for term, count in counts.items():
+            if count >= cap:
+                continue
+            idf = math.log(1.0 + (total - count + 0.5) / (count + 0.5))
+            key = stem(term)
+            weights[key] = max(weights.get(key, 0.0), idf)
+        return cls(weights)
+
+    def coverage(self, text: str) -> float:
+        """The share of the query's weight whose words ``text`` holds, in [0, 1]."""
+        whole = sum(self.weights.values())
+        if whole <= 0:
+            return 0.0
+        held = stems(text)
+        return sum(weight for key, weight in self.weights.items() if key in held) / whole
+
+
+def vector_relevance(distance: float | None) -> float:
+    """A cosine distance as a share of certainty: 1 at ``DISTANCE_FULL``, 0 at ``NONE``."""
+    if distance is None or math.isnan(distance):
+        return 0.0
+    share = (DISTANCE_NONE - distance) / (DISTANCE_NONE - DISTANCE_FULL)
+    return min(1.0, max(0.0, share))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One memory either leg found: its rank and score per leg (None: that leg missed it)."""
+
+    key: str
+    lexical_rank: int | None = None
+    lexical_score: float | None = None
+    coverage: float = 0.0
+    vector_rank: int | None = None
+    distance: float | None = None
+    # The key of the hit this memory neighbours in its session, and that hit's relevance.
+    context_of: str | None = None
+    context_relevance: float = 0.0
+    # Written on a date the query names.
+    dated: bool = False
+
+    @property
+    def legs(self) -> list[str]:
+        found = [("lexical", self.lexical_rank), ("vector", self.vector_rank)]
+        legs = [name for name, rank in found if rank is not None]
+        extra = [name for name, on in (("context", self.context_of), ("date", self.dated)) if on]
+        return [*legs, *extra]
+
+    @property
+    def relevance(self) -> float:
+        """The surer leg's certainty; a neighbour of a hit is as relevant as that hit."""
+        own = max(self.coverage, vector_relevance(self.distance))
+        return max(own, self.context_relevance)
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """How the two rankings merge: reciprocal ranks, plus a share of lexical relevance, plus
+    what a hit's session neighbours and the dates a query names add.
+
+    Chosen on the development split and checked conversation by conversation
+    (docs/benchmarks.md, section 10).
+    """
+
+    lexical_weight: float = 1.0
+    vector_weight: float = 0.8
+    k: int = 5
+    # Reciprocal ranks only order each leg; the weighted share of the query's words a memory
+    # holds also tells two memories apart that the legs rank alike.
+    coverage_weight: float = 0.2
+    # A hit's session neighbours (up to ``CONTEXT_REACH`` turns before and after) gain this
+    # share of its score: an answer often sits in the reply to the turn whose words the
+    # query shares, or in the same speaker's next turn.
+    context_share: float = 0.5
+    context_sources: int = 10
+    # A memory written on a date the query names ("on 7 July, 2023") gains this much: about
+    # two thirds of what a first place in one leg is worth.
+    date_bonus: float = 0.12
+
+    def score(self, item: Candidate) -> float:
+        total = self.coverage_weight * item.coverage
+        if item.lexical_rank is not None:
+            total += self.lexical_weight / (self.k + item.lexical_rank)
+        if item.vector_rank is not None:
+            total += self.vector_weight / (self.k + item.vector_rank)
+        return total
+
+
+def candidates(
+    lexical: Sequence[tuple[str, float]],
+    vector: Sequence[tuple[str, float]],
+    coverage: Mapping[str, float],
+) -> list[Candidate]:
+    """Both legs' best-first hits ((key, bm25 score) and (key, distance)) as candidates,
+    ranks counted from 1; ``coverage`` is each key's lexical relevance."""
+    found: dict[str, dict[str, Any]] = {}
+    for rank, (key, score) in enumerate(lexical, start=1):
+        found.setdefault(key, {}).update(lexical_rank=rank, lexical_score=score)
+    for rank, (key, distance) in enumerate(vector, start=1):
+        found.setdefault(key, {}).update(vector_rank=rank, distance=distance)
+    return [
+        Candidate(key=key, coverage=coverage.get(key, 0.0), **fields)
+        for key, fields in found.items()
+    ]
+
+
+def fuse(items: Iterable[Candidate], fusion: Fusion) -> list[tuple[Candidate, float]]:
+    """(candidate, fused score) best first; ties go to the key, so the order is the same
+    on every run."""
+    scored = [(item, fusion.score(item)) for item in items]
+    return sorted(scored, key=lambda pair: (-pair[1], pair[0].key))
+
+
+def relevant(
+    scored: Sequence[tuple[Candidate, float]], min_relevance: float, limit: int
+) -> list[tuple[Candidate, float]]:
+    """Nothing when no hit reaches ``min_relevance``: the store does not answer the query.
+    Otherwise the first ``limit`` hits whose relevance reaches ``KEEP_SHARE`` of it, order
+    kept: once one hit answers, the fusion's order judges the rest better than their own
+    certainty does (a reply that shares one word of the question is still the reply)."""
+    if max((item.relevance for item, _ in scored), default=0.0) < min_relevance:
+        return []
+    return [pair for pair in scored if pair[0].relevance >= min_relevance * KEEP_SHARE][:limit]
+
+
+def with_context(
+    scored: list[tuple[Candidate, float]],
+    neighbours: Mapping[str, Sequence[Candidate]],
+    fusion: Fusion,
+) -> list[tuple[Candidate, float]]:
+    """Each of the best ``context_sources`` hits lends ``context_share`` of its score to its
+    neighbours (``neighbours[key]``: fresh candidates, relevance measured), which join the
+    list (at their own score: what their coverage is worth) or rise in it; best first
+    again, ties to the key."""
+    found = {item.key: (item, score) for item, score in scored}
+    lent: dict[str, tuple[float, Candidate]] = {}
+    for source, score in scored[: fusion.context_sources]:
+        for near in neighbours.get(source.key, ()):
+            share = fusion.context_share * score
+            if share > lent.get(near.key, (0.0, near))[0]:
+                context = replace(near, context_of=source.key, context_relevance=source.relevance)
+                lent[near.key] = (share, context)
+    for key, (share, context) in lent.items():
+        item, score = found.get(key, (context, fusion.score(context)))
+        lifted = replace(
+            item, context_of=context.context_of, context_relevance=context.context_relevance
+        )
+        found[key] = (lifted, score + share)
+    return sorted(found.values(), key=lambda pair: (-pair[1], pair[0].key))
+
+
+def with_dates(
+    scored: list[tuple[Candidate, float]], dated: Iterable[str], fusion: Fusion
+) -> list[tuple[Candidate, float]]:
+    """The hits written on a date the query names (``dated`` keys) gain ``date_bonus``;
+    best first again, ties to the key."""
+    on = set(dated)
+    lifted = [
+        (replace(item, dated=True), score + fusion.date_bonus) if item.key in on else (item, score)
+        for item, score in scored
+    ]
+    return sorted(lifted, key=lambda pair: (-pair[1], pair[0].key))
+
+
+def rrf(rankings: Sequence[Sequence[str]], k: int = 60) -> list[tuple[str, float]]:
+    """Plain reciprocal rank fusion of best-first rankings (pure)."""
+    scores: dict[str, float] = {}
+    for ranking in rankings:
+        for position, key in enumerate(ranking):
+            scores[key] = scores.get(key, 0.0) + 1.0 / (k + position + 1)
+    return sorted(scores.items(), key=lambda item: (-item[1], item[0]))

@@ -1,0 +1,308 @@
+"""The durable write: one transaction for record, graph node, edge and outbox rows.
+
+A receipt promises the commit. The record's JSONL line and markdown file follow right after
+it, written by the mirror writer's thread in commit order (``Mirrors.defer``), so a caller
+never waits for its files; ``wait_mirrored`` is there for one that needs them.
+
+This module imports no sink, no model and no chromadb: a write can never wait on them. On
+SQLite it does not need SQLAlchemy either: its transaction runs on the bare driver
+(``store/sqlite_writes.py``), so ``outbox add`` can write without importing the toolkit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+from outbox.core.receipt import Receipt
+from outbox.core.record import Record
+from outbox.core.slugs import markdown_filename
+from outbox.core.states import DeliveryState, ReceiptStatus
+from outbox.mirror.mirrors import Mirrors, NewMirror
+from outbox.store.bounded import call_within
+from outbox.store.rows import StoredRecord
+from outbox.store.sqlite_writes import SqliteRows
+from outbox.write.group_commit import GroupCommit
+
+if TYPE_CHECKING:
+    from outbox.store.storage import Storage
+
+# Beyond the busy timeout, what a write may take for its own statements.
+WRITE_MARGIN_SECONDS = 0.5
+# How far past its bound a write may go before its database wait is shortened to fit.
+BOUND_TOLERANCE_SECONDS = 0.05
+
+
+class RowWrites(Protocol):
+    """The statements of a write, inside the transaction on ``conn``: a bare ``sqlite3``
+    connection for ``SqliteRows``, a SQLAlchemy one for ``RecordStore`` (PostgreSQL)."""
+
+    def lookup_many(
+        self, conn: Any, keys: Sequence[str], names: Sequence[str]
+    ) -> tuple[set[str], dict[str, str]]: ...
+
+    def insert_records(
+        self,
+        conn: Any,
+        named: Sequence[tuple[Record, str]],
+        *,
+        sinks: Sequence[str],
+        origin: str,
+        now: float,
+    ) -> list[int | None]: ...
+
+    def get_record(self, key: str, conn: Any) -> StoredRecord | None: ...
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A record the transaction took (seq set) or found already there (duplicate)."""
+
+    record: Record
+    seq: int | None
+    markdown_name: str
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A record ready to commit, with its markdown file already rendered by its caller
+    (``data``), or the existing file it adopts (``adopt``: a fallback or legacy file)."""
+
+    record: Record
+    data: bytes | None
+    adopt: str | None = None
+
+
+class Writer:
+    """Commits records and hands their mirrors to the mirror writer, under the mirror lock.
+
+    Concurrent callers in one process share a transaction (group commit): while one
+    transaction commits, the callers that arrive queue up, and the next one to lead commits
+    all of them at once, so they pay one fsync between them instead of one each.
+
+    ``connect`` (SQLite) opens the writer's own bare-driver connection; without it the
+    transaction is a SQLAlchemy one on ``storage.engine`` (PostgreSQL). ``storage`` is
+    otherwise only read for a duplicate's delivered ids.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        mirrors: Mirrors,
+        *,
+        sinks: Sequence[str],
+        origin: str,
+        busy_timeout: float,
+        connect: Callable[[], sqlite3.Connection] | None = None,
+    ) -> None:
+        self.storage = storage
+        self.mirrors = mirrors
+        self.sinks = tuple(sinks)
+        self.origin = origin
+        self.busy_timeout = busy_timeout
+        self.queue: GroupCommit[Prepared, Accepted] = GroupCommit(self._transact)
+        self.connect = connect
+        self.rows: RowWrites = SqliteRows() if connect is not None else storage.records
+        self._connection: sqlite3.Connection | None = None
+
+    # -- the transaction ------------------------------------------------------------------
+
+    def insert(self, conn: Any, record: Record, now: float, adopt: str | None = None) -> Accepted:
+        """Insert inside ``conn``'s transaction (see ``RowWrites``); a known key writes nothing.
+
+        ``adopt`` names an existing markdown file (a fallback or legacy file) that becomes
+        the record's mirror instead of a new one.
+        """
+        (accepted,) = self.insert_group(conn, [Prepared(record, None, adopt)], now)
+        return accepted
+
+    def insert_group(self, conn: Any, items: Sequence[Prepared], now: float) -> list[Accepted]:
+        """Insert a group inside ``conn``'s transaction with one lookup and one statement
+        per table; one Accepted per item, in order. A key already stored, or earlier in the
+        group, writes nothing and comes back as a duplicate."""
+        names = [
+            item.adopt or markdown_filename(item.record.timestamp, item.record.slug)
+            for item in items
+        ]
+        stored, owners = self.rows.lookup_many(conn, [item.record.key for item in items], names)
+        slots: list[Accepted | None] = []
+        first: dict[str, int] = {}  # key -> the position of its first, written occurrence
+        fresh: list[tuple[int, Record, str]] = []
+        for position, (item, name) in enumerate(zip(items, names, strict=True)):
+            record = item.record
+            if record.key in stored or record.key in first:
+                slots.append(None)
+                continue
+            if not item.adopt and (
+                owners.get(name, record.key) != record.key
+                or self.mirrors.taken_on_disk(name, record)
+            ):
+                # Never overwrite another key's file: the record's name gets -<key8>.
+                name = markdown_filename(record.timestamp, record.slug, collision_key=record.key)
+            owners[name] = record.key
+            first[record.key] = position
+            fresh.append((position, record, name))
+            slots.append(None)
+        seqs = self.rows.insert_records(
+            conn,
+            [(record, name) for _, record, name in fresh],
+            sinks=self.sinks,
+            origin=self.origin,
+            now=now,
+        )
+        for (position, record, name), seq in zip(fresh, seqs, strict=True):
+            if seq is not None:
+                slots[position] = Accepted(record, seq, name, False)
+        return [
+            slot or self._duplicate(conn, item.record.key, slots, first)
+            for item, slot in zip(items, slots, strict=True)
+        ]
+
+    def _duplicate(
+        self, conn: Any, key: str, slots: list[Accepted | None], first: dict[str, int]
+    ) -> Accepted:
+        """A key written before (or by a writer that does not hold our mirror lock, racing
+        this one) or earlier in this group: what is stored, marked duplicate."""
+        earlier = slots[first[key]] if key in first else None
+        if earlier is not None:
+            return replace(earlier, seq=None, duplicate=True)
+        existing = self.rows.get_record(key, conn)
+        assert existing is not None
+        return Accepted(existing.record, None, existing.markdown_name, True)
+
+    def commit(
+        self, records: Sequence[Record], adopted: dict[str, str] | None = None
+    ) -> list[Accepted]:
+        """Commit ``records`` in one transaction; returns one Accepted per record, in order.
+        Their mirrors follow on the mirror writer's thread.
+
+        ``adopted`` maps keys to existing markdown files that become their mirrors (replay);
+        such a call commits alone and returns once the mirrors are written. Otherwise the
+        records may share a transaction with other threads' records: all of them commit, or
+        none (each caller then falls back). Each caller renders its own files first, so the
+        leader of a group does not render for everyone.
+        """
+        deadline = time.monotonic() + self.busy_timeout + WRITE_MARGIN_SECONDS
+        if adopted:
+            items = [
+                Prepared(record, None, adopted[record.key])
+                if record.key in adopted
+                else Prepared(record, self.mirrors.render_new(record))
+                for record in records
+            ]
+            accepted = self._transact(items, deadline)
+            self.mirrors.flush()  # replay stamps its files and reports them as imported
+            return accepted
+        items = [Prepared(record, self.mirrors.render_new(record)) for record in records]
+        return self.queue.submit(items, deadline)
+
+    def _transact(self, items: Sequence[Prepared], deadline: float) -> list[Accepted]:
+        """The transaction under the mirror lock; on PostgreSQL cut off at ``deadline`` if
+        the server stops answering (``store/bounded.py``)."""
+        if self.connect is not None:
+            return self._transact_here(items, deadline)
+        return call_within(
+            # A group that queued to the edge of its bound still gets a moment to commit.
+            max(deadline - time.monotonic(), BOUND_TOLERANCE_SECONDS),
+            lambda: self._transact_here(items, deadline),
+            "write",
+        )
+
+    def _transact_here(self, items: Sequence[Prepared], deadline: float) -> list[Accepted]:
+        """Commit, then queue the new records' mirrors while the lock is still held: the
+        lock keeps them from any other process until the mirror writer has written them."""
+        with self.mirrors.hold(deadline, exclusive=False):
+            now = time.time()
+            with self._transaction(deadline) as conn:
+                accepted = self.insert_group(conn, items, now)
+            self.mirrors.defer(
+                [
+                    NewMirror(done.record, done.seq or 0, done.markdown_name, item.data)
+                    for done, item in zip(accepted, items, strict=True)
+                    if not done.duplicate
+                ],
+                deadline,
+            )
+        return accepted
+
+    @contextlib.contextmanager
+    def _transaction(self, deadline: float) -> Iterator[Any]:
+        """A transaction whose wait for the database lock ends by ``deadline`` (less the
+        margin for statements), whatever waiting for the mirror lock used.
+
+        SQLite runs it on the writer's own bare-driver connection, kept between writes: no
+        pool checkout per write, and no SQLAlchemy. Only the thread holding the mirror lock
+        uses it; one that saw an error is dropped and the next write opens another.
+        PostgreSQL keeps the pool, whose pre-ping notices a restarted server, and queues a
+        wake-up for the dispatchers that is sent at commit.
+        """
+        budget = deadline - time.monotonic() - WRITE_MARGIN_SECONDS
+        # Only when waiting used a noticeable part of the bound: two extra statements a write.
+        shortened = budget < self.busy_timeout - BOUND_TOLERANCE_SECONDS
+        if self.connect is None:
+            from outbox.store.wakeup import notify
+
+            with self.storage.engine.begin() as conn:
+                if shortened:  # 0 would mean "wait forever" here
+                    timeout_ms = max(1, int(budget * 1000))
+                    conn.exec_driver_sql(f"SET LOCAL lock_timeout = {timeout_ms}")
+                yield conn
+                notify(conn)
+            return
+        if self._connection is None:
+            self._connection = self.connect()
+        driver = self._connection
+        try:
+            if shortened:
+                driver.execute(f"PRAGMA busy_timeout = {max(0, int(budget * 1000))}")
+            driver.execute("BEGIN IMMEDIATE")
+            yield driver
+            driver.execute("COMMIT")
+            if shortened:
+                driver.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+        except BaseException:
+            self.close()  # closing a connection inside a transaction rolls it back
+            raise
+
+    def wait_mirrored(self, timeout: float | None = None) -> bool:
+        """Wait until every record committed so far has its JSONL line and markdown file."""
+        return self.mirrors.flush(timeout)
+
+    def close(self) -> None:
+        """Give the writer's connection back (before the engine is disposed)."""
+        if self._connection is not None:
+            with contextlib.suppress(Exception):
+                self._connection.close()
+            self._connection = None
+
+    # -- receipts -------------------------------------------------------------------------
+
+    def receipt(self, item: Accepted) -> Receipt:
+        sink_ids: dict[str, str] = {}
+        if item.duplicate:
+            try:
+                rows = self.storage.deliveries.deliveries_for([item.record.key]).get(
+                    item.record.key, []
+                )
+            except Exception:  # the write itself stands; only the extra detail is missing
+                rows = []
+            sink_ids = {
+                row.sink: row.sink_id
+                for row in rows
+                if row.state == DeliveryState.DELIVERED and row.sink_id
+            }
+        all_stored = bool(self.sinks) and all(sink in sink_ids for sink in self.sinks)
+        return Receipt(
+            key=item.record.key,
+            status=ReceiptStatus.STORED if all_stored else ReceiptStatus.QUEUED,
+            duplicate=item.duplicate,
+            markdown_path=self.mirrors.path(item.markdown_name),
+            timestamp=item.record.timestamp,
+            sinks=self.sinks,
+            sink_ids=sink_ids,
+        )
