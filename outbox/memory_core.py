@@ -34,8 +34,7 @@ from outbox.core.record import check_content
 from outbox.core.states import BuiltinSink, ReceiptStatus
 
 if TYPE_CHECKING:
-    from outbox import RecentRow
-    from outbox.recall.service import RecallAnswer, RecallHit
+    from outbox import RecallAnswer, RecallHit, RecentRow
 
 log = logging.getLogger(__name__)
 

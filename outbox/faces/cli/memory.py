@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from outbox.faces.cli.common import EXIT_FAILED, EXIT_OK, AddCommand, emit, open_outbox
 
 if TYPE_CHECKING:
+    from outbox import RecallHit
     from outbox.memory_core import MemoryService
-    from outbox.recall.service import RecallHit
 
 Row = TypeVar("Row")
 

@@ -20,8 +20,8 @@ from outbox.faces.ui.charts import Chart, activity_chart
 from outbox.mirror.log_lines import lines_naming
 
 if TYPE_CHECKING:
+    from outbox import RecallHit
     from outbox.api import Outbox
-    from outbox.recall.service import RecallHit
     from outbox.store.browse import BrowseQueries
     from outbox.store.delivery_reads import DeliveryRow
     from outbox.store.recall import RecentRow
