@@ -37,8 +37,8 @@ from typing import Any
 
 from benchmarks.bulk import BULK_ORIGIN, bulk_insert
 from benchmarks.common import bench_settings, open_outbox, percentile
-from outbox import memory_core
 from outbox.memory_core import MemoryService
+from outbox.recall import service as recall_service
 from outbox.recall.fusion import CONTEXT_REACH, MIN_RELEVANCE, Fusion, RecallFilter, rrf
 from outbox.store import recall as store_recall
 from outbox.store.engine import sqlite_path
@@ -184,7 +184,7 @@ class Bm25Baseline:
 
 
 def vector_leg(service: MemoryService, question: Question) -> list[str]:
-    hits, _degraded = service._semantic(
+    hits, _degraded = service.outbox.recaller.vector_leg(
         question.text, DEPTH, RecallFilter(session_id=question.session)
     )
     return [key for key, _distance in hits]
@@ -281,13 +281,17 @@ def configured(parts: dict[str, Any]) -> Iterator[None]:
     """Recall run with ``parts`` instead of its shipped settings, for this block only."""
     neighbours = store_recall.RecallQueries.neighbours
     changes: list[tuple[object, str, object]] = [
-        (memory_core, "FUSION", Fusion(**{k: v for k, v in parts.items() if hasattr(Fusion, k)})),
+        (
+            recall_service,
+            "FUSION",
+            Fusion(**{k: v for k, v in parts.items() if hasattr(Fusion, k)}),
+        ),
         (store_recall.RecallQueries, "neighbours", partialmethod(neighbours, reach=parts["reach"])),
     ]
     if not parts["stop_words"]:
         changes.append((store_recall, "match_terms", all_words))
     if not parts["dates"]:  # neither the date bonus nor the date's words held
-        changes.append((memory_core, "named_dates", lambda query: []))
+        changes.append((recall_service, "named_dates", lambda query: []))
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in changes]
     for owner, name, value in changes:
         setattr(owner, name, value)
@@ -377,7 +381,7 @@ def embed_filler(service: MemoryService, db: Path, chunk: int = 2_000, seed: int
             key
             for (key,) in conn.execute("SELECT key FROM records WHERE origin = ?", (BULK_ORIGIN,))
         ]
-    sink = service._vector_index()
+    sink = service.outbox.recaller.vector_index()
     rng = np.random.default_rng(seed)
     for start in range(0, len(keys), chunk):
         part = keys[start : start + chunk]
@@ -437,7 +441,7 @@ def measure(
         result["filler_insert_s"] = round(bulk_insert(db, filler, sinks=("chroma",)), 1)
         result["filler_vectors_s"] = round(embed_filler(service, db), 1)
         result["filler"] = filler
-        result["vectors"] = service._vector_index().count()
+        result["vectors"] = service.outbox.recaller.vector_index().count()
         result["latency_filler"] = latency(service, asked, session=True)
         result["latency_filler_no_session"] = latency(service, asked, session=False)
     return result

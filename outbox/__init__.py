@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         MirrorEvent,
         ReceiptStatus,
     )
+    from outbox.recall.service import RecallAnswer, RecallHit
     from outbox.sinks.base import (
         Delivered,
         NotDelivered,
@@ -67,6 +68,8 @@ _HOMES = {
     "ReceiptStatus": "outbox.core.states",
     # The rows ``Outbox``'s operations return, for callers that annotate them.
     "DeliveryRow": "outbox.store.delivery_reads",
+    "RecallAnswer": "outbox.recall.service",
+    "RecallHit": "outbox.recall.service",
     "RecentRow": "outbox.store.recall",
     "StoredRecord": "outbox.store.records",
 }
@@ -85,6 +88,8 @@ __all__ = [
     "OutboxError",
     "Outcome",
     "Permanent",
+    "RecallAnswer",
+    "RecallHit",
     "Receipt",
     "ReceiptStatus",
     "RecentRow",

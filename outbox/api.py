@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
+from datetime import date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from outbox.dispatch.dispatcher import Dispatcher, DrainReport
     from outbox.operations.reindex import ReindexReport
     from outbox.recall.fusion import RecallFilter
+    from outbox.recall.service import RecallAnswer, Recaller
     from outbox.store.delivery_reads import DeliveryRow
     from outbox.store.recall import LexicalHits, RecentRow
     from outbox.store.rows import StoredRecord
@@ -294,6 +296,7 @@ class Outbox:
         return self.settings.markdown_dir
 
     def close(self) -> None:
+        self._close_recaller()
         self.forgetter.close()
         self.writer.close()
         self.mirrors.close()
@@ -383,3 +386,61 @@ class Outbox:
         """Each memory's neighbours in its session (up to two turns each way): recall lends
         a hit's context to the turns around it."""
         return self.storage.recall.neighbours(keys)
+
+    # -- recall ---------------------------------------------------------------------------
+
+    # Built on the first recall (``recaller``); the lock is class-wide, as it guards only
+    # that first build, so concurrent first recalls share one recaller and its index.
+    _recaller: Recaller | None = None
+    _recaller_build = threading.Lock()
+
+    @property
+    def recaller(self) -> Recaller:
+        """Hybrid recall over this outbox (``recall/service.py``), kept for the next call:
+        it holds Chroma's index once a recall has opened it."""
+        if self._recaller is None:
+            from outbox.recall.service import Recaller
+
+            with Outbox._recaller_build:
+                if self._recaller is None:
+                    self._recaller = Recaller(self.storage, self.settings)
+        return self._recaller
+
+    def recall(
+        self,
+        query: str,
+        *,
+        limit: int = 10,
+        session_id: str | None = None,
+        agent: str | None = None,
+        tags: Iterable[str] | None = None,
+        min_importance: int | None = None,
+        since: str | datetime | date | None = None,
+        until: str | datetime | date | None = None,
+        min_relevance: float | None = None,
+    ) -> RecallAnswer:
+        """Hybrid recall: the memories that answer ``query``, best first, as typed hits.
+
+        The lexical leg finds every record by its words (delivered or not), the vector leg
+        finds what Chroma has embedded by meaning; the filters (all must hold; ``since``
+        inclusive, ``until`` exclusive) apply inside each leg's own query. When no hit
+        reaches ``min_relevance`` (default 0.30) the answer is empty. An unreachable vector
+        index leaves the lexical hits and says so in ``degraded``. Raises ValidationError
+        for an empty query.
+        """
+        return self.recaller.recall(
+            query,
+            limit=limit,
+            session_id=session_id,
+            agent=agent,
+            tags=tags,
+            min_importance=min_importance,
+            since=since,
+            until=until,
+            min_relevance=min_relevance,
+        )
+
+    def _close_recaller(self) -> None:
+        """Close the vector index a recall opened (``close`` calls this first)."""
+        if self._recaller is not None:
+            self._recaller.close()

@@ -3,9 +3,11 @@
 ``add_memory`` is the per-turn save that must never fail: it validates, commits through the
 outbox and returns at once, with a ``visibility`` block saying what recall can see now. Recall
 is read-after-write: ``query_recent_turns`` reads the graph the write just committed, and
-``query_raw_memories`` fuses a lexical leg over every record (so a fresh memory is findable
-by its own words before any model has run) with Chroma's semantic hits, each result saying
-which legs found it and how relevant it reads (docs/memory-core.md).
+``query_raw_memories`` shapes ``Outbox.recall``, which fuses a lexical leg over every record
+(so a fresh memory is findable by its own words before any model has run) with Chroma's
+semantic hits, each result saying which legs found it and how relevant it reads
+(docs/memory-core.md). This module only validates writes and shapes answers: recall itself
+lives in ``outbox/recall/``, and nothing here imports a sink or the store.
 
 A turn's content is its canonical document, defined once here::
 
@@ -27,37 +29,18 @@ from typing import TYPE_CHECKING, Any
 
 from outbox.api import Outbox
 from outbox.core.config import Settings
-from outbox.core.keys import parse_instant
 from outbox.core.receipt import Receipt
 from outbox.core.record import check_content
 from outbox.core.states import BuiltinSink, ReceiptStatus
-from outbox.recall.dates import DateWindow, named_dates
-from outbox.recall.fusion import (
-    MIN_RELEVANCE,
-    Candidate,
-    Fusion,
-    RecallFilter,
-    TermWeights,
-    candidates,
-    fuse,
-    relevant,
-    with_context,
-    with_dates,
-)
 
 if TYPE_CHECKING:
-    from outbox import RecentRow
+    from outbox import RecallAnswer, RecallHit, RecentRow
 
 log = logging.getLogger(__name__)
 
 PROMPT, THOUGHT, RESPONSE = "User Prompt: ", "\nAgent Thought: ", "\nAgent Response: "
 VECTOR_SINK = BuiltinSink.CHROMA
 MAX_LIMIT = 100
-# How many hits each leg hands to the fusion, at least: room below the top for the other
-# leg's evidence to lift a memory.
-LEG_DEPTH = 20
-# The fusion chosen on the development split (docs/benchmarks.md).
-FUSION = Fusion()
 # The record metadata keys the BrainLayer sink reads a memory's type and project from.
 TYPE_KEY, PROJECT_KEY = "type", "project"
 
@@ -93,7 +76,6 @@ class MemoryService:
     def __init__(self, outbox: Outbox | None = None, settings: Settings | None = None) -> None:
         self.outbox = outbox or Outbox.open(settings)
         self.session_id = str(uuid.uuid4())  # the fallback session of this process
-        self._vector: Any = None
 
     # -- writing --------------------------------------------------------------------------
 
@@ -220,13 +202,6 @@ class MemoryService:
         )
         return {"count": len(turns), "turns": turns, "nextCursor": next_cursor}
 
-    def _vector_index(self) -> Any:
-        if self._vector is None:
-            from outbox.sinks.chroma import ChromaSink
-
-            self._vector = ChromaSink.from_settings(self.outbox.settings)
-        return self._vector
-
     def query_raw_memories(
         self,
         query: str,
@@ -240,145 +215,60 @@ class MemoryService:
         until: str | None = None,
         min_relevance: float | None = None,
     ) -> dict[str, Any]:
-        """Hybrid recall: the lexical leg (every record) fused with Chroma's semantic hits,
-        both filtered inside their own query; hits below ``min_relevance`` are left out, so
-        a query nothing answers returns nothing."""
-        if not isinstance(query, str) or not query.strip():
-            from outbox.core.errors import ValidationError
-
-            raise ValidationError("query", "is empty")
-        n_results = max(1, min(int(n_results), MAX_LIMIT))
-        floor = MIN_RELEVANCE if min_relevance is None else float(min_relevance)
-        filters = RecallFilter.of(
+        """Hybrid recall (``Outbox.recall``) in memory-core's shape: hits below
+        ``min_relevance`` are left out, so a query nothing answers returns nothing."""
+        answer = self.outbox.recall(
+            query,
+            limit=n_results,
             session_id=session_id,
             agent=agent,
             tags=tags,
             min_importance=min_importance,
             since=since,
             until=until,
+            min_relevance=min_relevance,
         )
-        depth = max(LEG_DEPTH, n_results)
-        lexical = self.outbox.lexical_matches(query, limit=depth, filters=filters)
-        vector: list[tuple[str, float]] = []
-        degraded: str | None = None
-        if VECTOR_SINK in self.outbox.settings.sinks:
-            vector, degraded = self._semantic(query, depth, filters)
-        stored = self.outbox.get_records({key for key, _ in [*lexical.hits, *vector]})
-        weights = TermWeights.of(lexical.counts, lexical.total, lexical.cap)
-        when = named_dates(query)
-        coverage = {key: _coverage(weights, item, when) for key, item in stored.items()}
-        admitted = [
-            (key, distance)
-            for key, distance in vector
-            if key in stored and _admits(filters, stored[key])
-        ]
-        scored = fuse(candidates(lexical.hits, admitted, coverage), FUSION)
-        scored = self._with_context(scored, filters, weights, stored, coverage, when)
-        scored = with_dates(scored, [key for key in stored if _on(stored[key], when)], FUSION)
-        kept = [
-            pair
-            for pair in relevant(scored, floor, n_results)
-            if pair[0].key in stored and not stored[pair[0].key].forgotten
-        ]
-        results = [_result_view(item, score, stored) for item, score in kept]
-        answer: dict[str, Any] = {"query": query, "count": len(results), "results": results}
-        answer["minRelevance"] = floor
-        if degraded:
-            answer["degraded"] = degraded
-        return answer
-
-    def _with_context(
-        self,
-        scored: list[tuple[Candidate, float]],
-        filters: RecallFilter,
-        weights: TermWeights,
-        stored: dict[str, Any],
-        coverage: dict[str, float],
-        when: list[DateWindow],
-    ) -> list[tuple[Candidate, float]]:
-        """The best hits lend part of their score to their session neighbours that pass
-        the filter (``stored`` and ``coverage`` gain those neighbours', each measured once)."""
-        sources = [item.key for item, _score in scored[: FUSION.context_sources]]
-        near = self.outbox.session_neighbours(sources)
-        missing = {key for keys in near.values() for key in keys} - stored.keys()
-        stored.update(self.outbox.get_records(missing))
-        coverage.update(
-            (key, _coverage(weights, stored[key], when)) for key in missing if key in stored
-        )
-        neighbours = {
-            source: [
-                Candidate(key=key, coverage=coverage[key])
-                for key in keys
-                if key in stored and _admits(filters, stored[key])
-            ]
-            for source, keys in near.items()
-        }
-        return with_context(scored, neighbours, FUSION)
-
-    def _semantic(
-        self, query: str, n_results: int, filters: RecallFilter
-    ) -> tuple[list[tuple[str, float]], str | None]:
-        """((key, distance) nearest first, why it failed): an unreachable index degrades
-        recall to the lexical leg instead of failing it."""
-        try:
-            hits = self._vector_index().search(query, n_results, filters.chroma_where())
-        except Exception as exc:
-            degraded = f"vector index unavailable ({exc.__class__.__name__})"
-            log.warning("semantic leg of query_raw_memories failed: %s", degraded)
-            return [], degraded
-        return list(zip(hits.ids, hits.distances, strict=False)), None
+        return recall_view(answer)
 
     def forget(self, key: str) -> dict[str, Any]:
         """Remove a memory everywhere, by its key or a unique prefix (``Outbox.forget``)."""
         return self.outbox.forget(key).to_dict()
 
     def close(self) -> None:
-        if self._vector is not None:
-            self._vector.close()
         self.outbox.close()
 
 
-def _on(item: Any, when: list[DateWindow]) -> bool:
-    """Whether a stored memory was written on one of the dates a query names."""
-    return any(window.holds(parse_instant(item.record.timestamp)) for window in when)
+def recall_view(answer: RecallAnswer) -> dict[str, Any]:
+    """A recall as memory-core answers ``query_raw_memories`` (and ``outbox search --json``
+    prints it): the query, the hits, the floor they were held to, and why the vector leg
+    was missing, if it was."""
+    results = [_hit_view(hit) for hit in answer.hits]
+    shaped: dict[str, Any] = {"query": answer.query, "count": len(results), "results": results}
+    shaped["minRelevance"] = answer.min_relevance
+    if answer.degraded:
+        shaped["degraded"] = answer.degraded
+    return shaped
 
 
-def _coverage(weights: TermWeights, item: Any, when: list[DateWindow]) -> float:
-    """The share of the query's words a memory holds; a memory written on a date the query
-    names holds that date's words too ("July", "2023"), which its text seldom repeats."""
-    said = [window.wording for window in when if window.holds(parse_instant(item.record.timestamp))]
-    return weights.coverage(" ".join([item.record.content, *said]))
-
-
-def _admits(filters: RecallFilter, item: Any) -> bool:
-    """A vector hit passes the filter by its stored record too: a document embedded before
-    its metadata carried a key is never let through on the index's word alone."""
-    record = item.record
-    if item.forgotten:  # still in the vector index until the dispatcher's delete lands
-        return False
-    return filters.admits(record.timestamp, record.importance, record.tags, record.metadata)
-
-
-def _result_view(item: Candidate, score: float, stored: Mapping[str, Any]) -> dict[str, Any]:
-    """A fused hit as memory-core shows it: the memory, which legs found it, each leg's
-    rank and score, and how relevant it reads."""
-    record = stored[item.key].record
-    view = _record_view(record.content, record.metadata)
+def _hit_view(hit: RecallHit) -> dict[str, Any]:
+    """A recalled memory as memory-core shows it: the memory, which legs found it, each
+    leg's rank and score, and how relevant it reads."""
+    view = record_view(hit.content, hit.metadata)
     view.update(
-        id=item.key,
-        timestamp=record.timestamp,
-        sessionId=record.metadata.get("session_id"),
-        agent=record.metadata.get("agent"),
-        importance=record.importance,
-        tags=list(record.tags),
-        legs=item.legs,
-        source="vector" if item.vector_rank is not None else "lexical",
-        relevance=round(item.relevance, 4),
-        score=round(score, 6),
-        lexicalRank=item.lexical_rank,
-        bm25=None if item.lexical_score is None else round(item.lexical_score, 4),
-        vectorRank=item.vector_rank,
-        distance=item.distance,
+        id=hit.key,
+        timestamp=hit.timestamp,
+        sessionId=hit.session_id,
+        agent=hit.agent,
+        importance=hit.importance,
+        tags=list(hit.tags),
+        legs=list(hit.legs),
+        source=hit.source,
+        relevance=round(hit.relevance, 4),
+        score=round(hit.score, 6),
+        lexicalRank=hit.lexical_rank,
+        bm25=None if hit.bm25 is None else round(hit.bm25, 4),
+        vectorRank=hit.vector_rank,
+        distance=hit.distance,
     )
     return view
 
@@ -392,7 +282,9 @@ def _parse_cursor(before: Mapping[str, str] | str | None) -> tuple[str, str] | N
     return (str(before["timestamp"]), str(before.get("id") or "\uffff"))
 
 
-def _record_view(content: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
+def record_view(content: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """A memory's text as memory-core shows it: a turn split into its three fields, any
+    other memory as its content (the dashboard shows recall's hits the same way)."""
     turn = split_turn(content, metadata.get("turn")) if metadata.get("kind") == "turn" else None
     if turn is not None:
         return {"kind": "turn", **turn}
@@ -401,7 +293,7 @@ def _record_view(content: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
 
 def _turn_view(row: RecentRow) -> dict[str, Any]:
     """A recent row as memory-core shows it: the memory, then where and whose it is."""
-    view = _record_view(row.content, row.metadata)
+    view = record_view(row.content, row.metadata)
     view.update(id=row.key, timestamp=row.timestamp, sessionId=row.session_id, agent=row.agent)
     view.update(importance=row.importance, tags=row.tags)
     return view

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import FrozenInstanceError
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -14,10 +15,11 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from sqlalchemy import text
 
-from outbox import Outbox, Settings, load_settings
+from outbox import Outbox, Settings, ValidationError, load_settings
 from outbox.core.record import build_record
 from outbox.faces.demo import TURNS
-from outbox.memory_core import MemoryService
+from outbox.faces.ui import pages
+from outbox.memory_core import MemoryService, recall_view
 from outbox.recall.dates import DateWindow, named_dates
 from outbox.recall.fusion import (
     CONTEXT_REACH,
@@ -33,6 +35,7 @@ from outbox.recall.fusion import (
     with_context,
     with_dates,
 )
+from outbox.recall.service import RecallAnswer, RecallHit
 from outbox.sinks.chroma_documents import TAG_KEY_PREFIX, chroma_metadata
 from outbox.store import migrate
 from outbox.store.lexical import QUERY_STOP_WORDS, match_terms
@@ -358,3 +361,85 @@ def test_search_on_the_command_line_shows_legs_and_relevance(
     assert "legs" in table and "relevance" in table and "lexical" in table
     assert main(["search", "otter", "--tag", "lake", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["count"] == 0
+
+
+# -- Outbox.recall: the library call memory-core, the CLI, MCP and the dashboard shape ----
+
+
+def test_recall_returns_typed_hits_filtered_and_held_to_the_floor(outbox: Outbox) -> None:
+    wanted = _write(
+        outbox,
+        "the heron nests by the old quarry",
+        importance=8,
+        tags=["birds"],
+        metadata={"session_id": "s", "agent": "ana"},
+    )
+    other = _write(outbox, "a heron by the quarry elsewhere", metadata={"session_id": "t"})
+    answer = outbox.recall(
+        "heron quarry", session_id="s", agent="ana", tags=["birds"], min_importance=8
+    )
+    assert isinstance(answer, RecallAnswer) and answer.degraded is None
+    assert answer.query == "heron quarry" and answer.min_relevance == 0.30
+    (hit,) = answer.hits
+    assert isinstance(hit, RecallHit)
+    assert (hit.key, hit.content, hit.session_id, hit.agent) == (
+        wanted,
+        "the heron nests by the old quarry",
+        "s",
+        "ana",
+    )
+    assert (hit.tags, hit.importance, hit.metadata["session_id"]) == (("birds",), 8, "s")
+    assert (hit.legs, hit.source, hit.lexical_rank) == (("lexical",), "lexical", 1)
+    assert hit.bm25 is not None and hit.vector_rank is None and hit.distance is None
+    assert hit.relevance == 1.0 and hit.score > 0 and hit.timestamp
+    with pytest.raises(FrozenInstanceError):
+        hit.key = other  # type: ignore[misc]
+    # Filters hold inside the query: another session, a later window, a higher importance.
+    assert [h.key for h in outbox.recall("heron quarry", session_id="t").hits] == [other]
+    assert outbox.recall("heron quarry", since=date(2999, 1, 1)).hits == ()
+    assert outbox.recall("heron quarry", min_importance=9).hits == ()
+    # The floor: a query whose rarest word nothing holds is not answered, unless asked to.
+    assert outbox.recall("heron marmot").hits == ()
+    loose = outbox.recall("heron marmot", min_relevance=0.0)
+    assert {h.key for h in loose.hits} == {wanted, other}
+    assert all(0.0 < h.relevance < 0.30 for h in loose.hits)
+    assert len(outbox.recall("heron", limit=1).hits) == 1
+    with pytest.raises(ValidationError):
+        outbox.recall("   ")
+
+
+def test_the_faces_only_shape_what_recall_returns(outbox: Outbox) -> None:
+    """memory-core's answer and the dashboard's rows are ``Outbox.recall``'s hits, shaped."""
+    service = MemoryService(outbox)
+    key = service.add_memory("where is the heron?", "look it up", "by the quarry")["id"]
+    query = "heron quarry"
+    assert service.query_raw_memories(query) == recall_view(outbox.recall(query))
+    (row,) = pages.memories(outbox, pages.Filters(q=query))["rows"]
+    (hit,) = outbox.recall(query, limit=pages.PAGE).hits
+    assert (row.key, row.legs, row.relevance) == (key, list(hit.legs), round(hit.relevance, 4))
+    assert row.snippet == "where is the heron? → by the quarry"
+
+
+def test_recall_finds_by_both_legs_after_a_drain(chroma_service: MemoryService) -> None:
+    ob = chroma_service.outbox
+    try:
+        for turn in TURNS:
+            chroma_service.add_memory(*turn, session_id="a")
+        wanted = ob.add(
+            "The nightly backfill moved to the spare host.",
+            tags=["ops"],
+            metadata={"session_id": "b"},
+        ).key
+        (before,) = ob.recall("nightly backfill spare host", session_id="b").hits
+        assert (before.key, before.legs) == (wanted, ("lexical",))
+        assert ob.drain(timeout=120).ok
+        question = "when does the nightly backfill run?"
+        for options in ({"session_id": "b"}, {"tags": ["ops"]}):
+            (hit,) = ob.recall(question, limit=1, min_relevance=0.0, **options).hits
+            assert hit.key == wanted and {"lexical", "vector"} <= set(hit.legs)
+            assert hit.source == "vector" and hit.vector_rank == 1
+            assert hit.distance is not None and hit.bm25 is not None
+        assert ob.recall("banana smoothie recipe").hits == ()
+        assert ob.recaller.vector_index() is ob.recaller.vector_index()  # opened once
+    finally:
+        chroma_service.close()

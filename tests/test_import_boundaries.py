@@ -315,3 +315,66 @@ def test_the_rules_catch_a_violation(tmp_path: Path) -> None:
         "typing",
         "typing.TYPE_CHECKING",
     }
+
+
+# -- the faces reach no sink ------------------------------------------------------------------
+# Recall is a library call (``Outbox.recall``, which opens Chroma's index itself) and delivery
+# is ``Outbox.drain()`` / ``Outbox.dispatcher()`` (``outbox drain``, ``run``, ``mcp --drain``,
+# the demo), so no face needs a sink: memory-core and every module under ``outbox/faces``
+# import nothing under ``outbox.sinks``, not lazily inside a function, not for type hints,
+# and not through the ``outbox`` package's own names (``from outbox import Sink``). There is
+# no exception today.
+
+
+def _sink_names() -> set[str]:
+    """The names ``outbox`` hands out from ``outbox.sinks`` (``Sink``, ``Delivered``, …)."""
+    import outbox
+
+    return {
+        f"outbox.{name}" for name, home in outbox._HOMES.items() if under({home}, "outbox.sinks")
+    }
+
+
+def sink_imports(path: Path) -> set[str]:
+    """Every sink module or sink name ``path`` imports, anywhere in it."""
+    found = imports(path, top_level_only=False, typing_too=True)
+    return under(found, "outbox.sinks") | (found & _sink_names())
+
+
+def _faces() -> list[Path]:
+    return [PACKAGE / "memory_core.py", *sorted((PACKAGE / "faces").rglob("*.py"))]
+
+
+@pytest.mark.parametrize("path", _faces(), ids=lambda path: str(path.relative_to(PACKAGE)))
+def test_no_face_imports_a_sink(path: Path) -> None:
+    assert sink_imports(path) == set()
+
+
+def test_recall_loads_its_vector_leg_only_when_called() -> None:
+    """Importing the recall use case (as ``Outbox.recall`` does on first use) loads no sink:
+    the Chroma sink is imported by the first recall that asks the vector index."""
+    reached = reach("outbox.recall.service")
+    assert "outbox.recall.fusion" in reached
+    assert under(reached, "outbox.sinks") == set()
+    assert "outbox.sinks.chroma" in imports(
+        MODULES["outbox.recall.service"], top_level_only=False, typing_too=False
+    )
+
+
+def test_the_sink_rule_catches_each_way_in(tmp_path: Path) -> None:
+    """Lazy, type-only and package-name imports of a sink are all found; others are not."""
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from outbox import Outbox, Sink\n"
+        "if TYPE_CHECKING:\n    from outbox.sinks.base import Delivered\n"
+        "def f():\n    import outbox.sinks.chroma\n"
+        "    from outbox.core.states import BuiltinSink\n",
+        encoding="utf-8",
+    )
+    assert sink_imports(sample) == {
+        "outbox.Sink",
+        "outbox.sinks.base",
+        "outbox.sinks.base.Delivered",
+        "outbox.sinks.chroma",
+    }

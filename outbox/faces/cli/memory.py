@@ -4,14 +4,16 @@ recall and tools on the command line. Results print one memory per table line.""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from outbox.faces.cli.common import EXIT_FAILED, EXIT_OK, AddCommand, emit, open_outbox
 
 if TYPE_CHECKING:
+    from outbox import RecallHit
     from outbox.memory_core import MemoryService
 
+Row = TypeVar("Row")
 
 # Wide enough for every leg at once: lexical+vector+context+date.
 _LEGS = 27
@@ -40,30 +42,34 @@ def _ask(question: Callable[[MemoryService], dict[str, Any]]) -> dict[str, Any]:
         service.close()
 
 
-def _table(
-    rows: list[dict[str, Any]], header: str, line: Callable[[dict[str, Any]], str], empty: str
-) -> list[str]:
+def _table(rows: Sequence[Row], header: str, line: Callable[[Row], str], empty: str) -> list[str]:
     """``header`` and one line per row, each ending with its memory; ``empty`` alone when
     there are no rows."""
     if not rows:
         return [empty]
-    return [f"{header} memory", *(f"{line(row)} {_memory_cell(row)}" for row in rows)]
+    return [f"{header} memory", *(line(row) for row in rows)]
 
 
-def _search_line(row: dict[str, Any]) -> str:
-    """Which legs found a hit, how relevant it reads, its bm25 and vector distance."""
-    legs = "+".join(row["legs"])
-    bm25 = "-" if row.get("bm25") is None else f"{row['bm25']:.2f}"
-    distance = "-" if row.get("distance") is None else f"{row['distance']:.3f}"
-    when = row["timestamp"]
-    return f"{legs:<{_LEGS}} {row['relevance']:>9.2f} {bm25:>7} {distance:>8}  {when:<27}"
+def _search_line(hit: RecallHit) -> str:
+    """Which legs found a hit, how relevant it reads, its bm25 and vector distance, and
+    the memory."""
+    from outbox.memory_core import record_view
+
+    legs = "+".join(hit.legs)
+    bm25 = "-" if hit.bm25 is None else f"{hit.bm25:.2f}"
+    distance = "-" if hit.distance is None else f"{hit.distance:.3f}"
+    found = f"{legs:<{_LEGS}} {hit.relevance:>9.2f} {bm25:>7} {distance:>8}"
+    return f"{found}  {hit.timestamp:<27} {_memory_cell(record_view(hit.content, hit.metadata))}"
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    answer = _ask(
-        lambda service: service.query_raw_memories(
+    """``Outbox.recall`` as a table of typed hits; ``--json`` prints memory-core's answer."""
+    from outbox.memory_core import recall_view
+
+    with open_outbox() as ob:
+        answer = ob.recall(
             args.query,
-            n_results=args.n,
+            limit=args.n,
             session_id=args.session,
             agent=args.agent,
             tags=args.tag,
@@ -72,16 +78,15 @@ def cmd_search(args: argparse.Namespace) -> int:
             until=args.until,
             min_relevance=args.min_relevance,
         )
-    )
     lines = _table(
-        answer["results"],
+        answer.hits,
         f"{'legs':<{_LEGS}} {'relevance':>9} {'bm25':>7} {'distance':>8}  {'timestamp':<27}",
         _search_line,
-        f"no memories match (relevance below {answer['minRelevance']:.2f} left out)",
+        f"no memories match (relevance below {answer.min_relevance:.2f} left out)",
     )
-    if answer.get("degraded"):
-        lines.append(f"note: {answer['degraded']}; showing memories found by their words only")
-    emit(args, answer, "\n".join(lines))
+    if answer.degraded:
+        lines.append(f"note: {answer.degraded}; showing memories found by their words only")
+    emit(args, recall_view(answer), "\n".join(lines))
     return EXIT_OK
 
 
@@ -94,7 +99,9 @@ def cmd_recent(args: argparse.Namespace) -> int:
     lines = _table(
         answer["turns"],
         f"{'timestamp':<27} {'session':<12}",
-        lambda row: f"{row['timestamp']:<27} {str(row['sessionId'] or '-')[:12]:<12}",
+        lambda row: (
+            f"{row['timestamp']:<27} {str(row['sessionId'] or '-')[:12]:<12} {_memory_cell(row)}"
+        ),
         "no memories yet",
     )
     if answer["turns"] and answer["nextCursor"]:

@@ -59,7 +59,6 @@ class Dashboard:
         self.access = access
         self.templates = templates()
         self._actions = threading.Lock()
-        self._search: pages.Search | None = None
 
     def render(
         self, request: Request, name: str, context: dict[str, Any], status: int = 200
@@ -75,14 +74,6 @@ class Dashboard:
         """An unknown or malformed key, or a bad search: one line on a page of its own."""
         return self.render(request, "error.html", {"page": "memories", "message": str(exc)}, status)
 
-    def search(self, query: str, **options: Any) -> dict[str, Any]:
-        """memory-core's hybrid recall, on a service built once over this outbox."""
-        if self._search is None:
-            from outbox.memory_core import MemoryService
-
-            self._search = MemoryService(self.ob).query_raw_memories
-        return self._search(query, **options)
-
     # -- pages ----------------------------------------------------------------------------
 
     async def overview(self, request: Request) -> Response:
@@ -92,7 +83,7 @@ class Dashboard:
     async def memories(self, request: Request) -> Response:
         filters = pages.Filters.of(request.query_params)
         try:
-            data = await run_in_threadpool(pages.memories, self.ob, filters, self.search)
+            data = await run_in_threadpool(pages.memories, self.ob, filters)
         except ValidationError as exc:
             return self.error(request, exc, 400)
         return self.render(

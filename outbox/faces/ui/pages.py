@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,6 +20,7 @@ from outbox.faces.ui.charts import Chart, activity_chart
 from outbox.mirror.log_lines import lines_naming
 
 if TYPE_CHECKING:
+    from outbox import RecallHit
     from outbox.api import Outbox
     from outbox.store.browse import BrowseQueries
     from outbox.store.delivery_reads import DeliveryRow
@@ -29,8 +30,6 @@ PAGE = 50  # memories per page, and search results
 SLICES, SLICE_SECONDS = 60, 60.0  # the chart: the last hour, by the minute
 DEAD_SHOWN = 100
 SNIPPET = 140
-
-Search = Callable[..., dict[str, Any]]
 
 
 def _browse(ob: Outbox) -> BrowseQueries:
@@ -171,24 +170,24 @@ def snippet(text: str, width: int = SNIPPET) -> str:
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
-def memories(ob: Outbox, filters: Filters, search: Search) -> dict[str, Any]:
+def memories(ob: Outbox, filters: Filters) -> dict[str, Any]:
     """A page of memories: recall's answer to ``q``, else the newest under the filters."""
     if filters.q:
-        answer = search(
+        answer = ob.recall(
             filters.q,
-            n_results=PAGE,
+            limit=PAGE,
             session_id=filters.session,
             agent=filters.agent,
             tags=[filters.tag] if filters.tag else None,
         )
-        rows = [_search_row(hit) for hit in answer["results"]]
+        rows = [_search_row(hit) for hit in answer.hits]
         states = _sink_states(ob, [row.key for row in rows])
         rows = [_with_states(row, states) for row in rows]
         return {
             "rows": rows,
             "next": None,
-            "degraded": answer.get("degraded"),
-            "min_relevance": answer.get("minRelevance"),
+            "degraded": answer.degraded,
+            "min_relevance": answer.min_relevance,
         }
     found = _browse(ob).memories(
         limit=PAGE,
@@ -221,20 +220,23 @@ def _recent_row(row: RecentRow) -> MemoryRow:
     )
 
 
-def _search_row(hit: Mapping[str, Any]) -> MemoryRow:
-    """One of recall's results; a turn shows its prompt and response."""
-    text = hit.get("content") or f"{hit.get('prompt', '')} → {hit.get('response', '')}"
+def _search_row(hit: RecallHit) -> MemoryRow:
+    """One of recall's hits; a turn shows its prompt and response, as memory-core splits it."""
+    from outbox.memory_core import record_view
+
+    view = record_view(hit.content, hit.metadata)
+    text = view.get("content") or f"{view.get('prompt', '')} → {view.get('response', '')}"
     return MemoryRow(
-        key=hit["id"],
-        timestamp=hit["timestamp"],
-        session=hit.get("sessionId"),
-        agent=hit.get("agent"),
-        tags=list(hit.get("tags") or []),
-        importance=int(hit.get("importance") or 0),
+        key=hit.key,
+        timestamp=hit.timestamp,
+        session=hit.session_id,
+        agent=hit.agent,
+        tags=list(hit.tags),
+        importance=hit.importance,
         snippet=snippet(text),
         sinks={},
-        relevance=hit.get("relevance"),
-        legs=list(hit.get("legs") or []),
+        relevance=round(hit.relevance, 4),
+        legs=list(hit.legs),
     )
 
 
