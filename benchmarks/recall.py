@@ -37,9 +37,10 @@ from typing import Any
 
 from benchmarks.bulk import BULK_ORIGIN, bulk_insert
 from benchmarks.common import bench_settings, open_outbox, percentile
+from outbox.core.recall_filter import RecallFilter
 from outbox.memory_core import MemoryService
 from outbox.recall import service as recall_service
-from outbox.recall.fusion import CONTEXT_REACH, MIN_RELEVANCE, Fusion, RecallFilter, rrf
+from outbox.recall.fusion import CONTEXT_REACH, MIN_RELEVANCE, Fusion, rrf
 from outbox.store import recall as store_recall
 from outbox.store.engine import sqlite_path
 

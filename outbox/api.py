@@ -29,6 +29,7 @@ from outbox.mirror.verify import VerifyReport
 from outbox.operations.catalog import Catalog
 from outbox.operations.forget import ForgetReceipt, Forgetter
 from outbox.operations.status import DeadLetters, status_report, wait_delivered
+from outbox.recall.fusion import CONTEXT_REACH
 from outbox.store import migrate
 from outbox.store.bounded import call_within
 from outbox.store.engine import UNAVAILABLE, make_engine, sqlite_path, sqlite_writer
@@ -38,9 +39,9 @@ from outbox.write.fallback import FallbackQueue, failure_reason
 from outbox.write.writer import WRITE_MARGIN_SECONDS, Writer
 
 if TYPE_CHECKING:
+    from outbox.core.recall_filter import RecallFilter
     from outbox.dispatch.dispatcher import Dispatcher, DrainReport
     from outbox.operations.reindex import ReindexReport
-    from outbox.recall.fusion import RecallFilter
     from outbox.recall.service import RecallAnswer, Recaller
     from outbox.store.delivery_reads import DeliveryRow
     from outbox.store.recall import LexicalHits, RecentRow
@@ -385,7 +386,7 @@ class Outbox:
     def session_neighbours(self, keys: Iterable[str]) -> dict[str, list[str]]:
         """Each memory's neighbours in its session (up to two turns each way): recall lends
         a hit's context to the turns around it."""
-        return self.storage.recall.neighbours(keys)
+        return self.storage.recall.neighbours(keys, CONTEXT_REACH)
 
     # -- recall ---------------------------------------------------------------------------
 

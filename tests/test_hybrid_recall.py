@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 
 from outbox import Outbox, Settings, ValidationError, load_settings
+from outbox.core.recall_filter import TAG_PREFIX, RecallFilter
 from outbox.core.record import build_record
 from outbox.faces.demo import TURNS
 from outbox.faces.ui import pages
@@ -26,7 +27,6 @@ from outbox.recall.fusion import (
     KEEP_SHARE,
     Candidate,
     Fusion,
-    RecallFilter,
     TermWeights,
     candidates,
     fuse,
@@ -36,7 +36,7 @@ from outbox.recall.fusion import (
     with_dates,
 )
 from outbox.recall.service import RecallAnswer, RecallHit
-from outbox.sinks.chroma_documents import TAG_KEY_PREFIX, chroma_metadata
+from outbox.sinks.chroma_documents import chroma_metadata
 from outbox.store import migrate
 from outbox.store.lexical import QUERY_STOP_WORDS, match_terms
 from tests.conftest import FAULTY
@@ -115,7 +115,7 @@ def test_filter_and_chroma_where_say_the_same_thing() -> None:
         "a memory", tags=["x"], importance=7, metadata={"session_id": "s", "agent": "a"}
     )
     meta = chroma_metadata(record)
-    assert meta[TAG_KEY_PREFIX + "x"] is True
+    assert meta[TAG_PREFIX + "x"] is True
     where = filters.chroma_where()
     assert where is not None
     for clause in where["$and"]:

@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from outbox.core.errors import ValidationError
 from outbox.core.keys import parse_instant
+from outbox.core.recall_filter import RecallFilter
 from outbox.core.states import BuiltinSink
 from outbox.recall.dates import DateWindow, named_dates
 from outbox.recall.fusion import (
+    CONTEXT_REACH,
     MIN_RELEVANCE,
     Candidate,
     Fusion,
-    RecallFilter,
     TermWeights,
     candidates,
     fuse,
@@ -165,7 +166,7 @@ class Recaller:
         """The best hits lend part of their score to their session neighbours that pass
         the filter (``stored`` and ``coverage`` gain those neighbours', each measured once)."""
         sources = [item.key for item, _score in scored[: FUSION.context_sources]]
-        near = self.storage.recall.neighbours(sources)
+        near = self.storage.recall.neighbours(sources, CONTEXT_REACH)
         missing = {key for keys in near.values() for key in keys} - stored.keys()
         stored.update(self.storage.records.get_records(missing))
         coverage.update(

@@ -10,14 +10,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from outbox.core.recall_filter import TAG_PREFIX
 from outbox.core.record import Record
 
 # Metadata keys the sink writes itself; a record's own metadata cannot override them.
 RESERVED_KEYS = frozenset({"timestamp", "timestamp_epoch", "importance", "tags"})
-# One boolean key per tag (``tag:<name>``): Chroma's ``where`` cannot test a list's members.
-# Documents written before these keys existed lack them: a tag filter's vector leg misses
-# them until they are embedded again (the lexical leg still finds them).
-TAG_KEY_PREFIX = "tag:"
+# One boolean key per tag (``TAG_PREFIX`` + name, the key the recall filter's ``where`` tests):
+# Chroma's ``where`` cannot test a list's members. Documents written before these keys existed
+# lack them: a tag filter's vector leg misses them until they are embedded again (the lexical
+# leg still finds them).
 _INT64 = (-(2**63), 2**63 - 1)
 _TS_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 
@@ -86,7 +87,7 @@ def chroma_metadata(record: Record) -> dict[str, MetadataValue]:
     """
     metadata: dict[str, MetadataValue] = {}
     for key, value in _flatten(record.metadata):
-        if key in RESERVED_KEYS or key.startswith(TAG_KEY_PREFIX) or not _metadata_key_ok(key):
+        if key in RESERVED_KEYS or key.startswith(TAG_PREFIX) or not _metadata_key_ok(key):
             continue
         if isinstance(value, list):
             items = [_scalar(item) for item in value]
@@ -104,6 +105,6 @@ def chroma_metadata(record: Record) -> dict[str, MetadataValue]:
     if record.tags:
         metadata["tags"] = list(record.tags)
         for tag in record.tags:
-            if _metadata_key_ok(TAG_KEY_PREFIX + tag):
-                metadata[TAG_KEY_PREFIX + tag] = True
+            if _metadata_key_ok(TAG_PREFIX + tag):
+                metadata[TAG_PREFIX + tag] = True
     return metadata

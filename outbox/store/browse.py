@@ -30,8 +30,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import TextClause
 
+from outbox.core.recall_filter import RecallFilter
 from outbox.core.states import DeliveryState
-from outbox.recall.fusion import RecallFilter
 from outbox.store.recall import RecentRow, recent_row
 from outbox.store.recall_filters import postgres_clause, sqlite_clause
 from outbox.store.schema import deliveries, graph_nodes, records

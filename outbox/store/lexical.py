@@ -14,8 +14,8 @@ from typing import Any, Protocol
 
 from sqlalchemy import Connection, func, literal_column, select, text
 
+from outbox.core.recall_filter import RecallFilter
 from outbox.core.states import DeliveryState
-from outbox.recall.fusion import RecallFilter
 from outbox.store.recall_filters import postgres_clause, sqlite_clause
 from outbox.store.schema import deliveries, graph_nodes, records
 

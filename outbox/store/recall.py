@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import Engine, and_, func, or_, select, text
 
-from outbox.recall.fusion import CONTEXT_REACH, RecallFilter
+from outbox.core.recall_filter import RecallFilter
 from outbox.store.lexical import (
     MATCH_BUDGET,
     OverlayFactory,
@@ -115,7 +115,7 @@ class RecallQueries:
             rows = conn.execute(query).all()
         return [recent_row(row) for row in rows]
 
-    def neighbours(self, keys: Iterable[str], reach: int = CONTEXT_REACH) -> dict[str, list[str]]:
+    def neighbours(self, keys: Iterable[str], reach: int) -> dict[str, list[str]]:
         """Each memory's neighbours in its session: the ``reach`` written just before it and
         the ``reach`` just after, nearest first (by the session index, one bounded lookup
         each way; plain statements, since recall asks for twenty memories' at a time)."""

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import and_, cast, true
 from sqlalchemy.dialects.postgresql import JSONB
 
-from outbox.recall.fusion import RecallFilter
+from outbox.core.recall_filter import RecallFilter
 from outbox.store.schema import records
 
 
