@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from outbox.core.states import FallbackReason
+
 
 class OutboxError(Exception):
     """Base of every error this library raises on purpose."""
@@ -41,20 +43,22 @@ class StoreUnreadable(OutboxError):
     """The database could not be opened or read: names where it is and what to check."""
 
     @classmethod
-    def of(cls, db_url: str, exc: BaseException, doing: str = "read") -> StoreUnreadable:
+    def of(
+        cls, db_url: str, exc: BaseException, reason: FallbackReason, doing: str = "read"
+    ) -> StoreUnreadable:
         """The error for ``exc`` met on ``db_url`` while trying to ``doing`` it: the driver's
         first line, the database (a file's path, a server's URL without its password), and
-        what to do about it."""
+        what to do about it, chosen by ``reason`` (``store/driver_errors.py`` reads it from
+        the driver's code, so this layer never looks inside a driver's error)."""
         from sqlalchemy.engine import make_url
 
         url = make_url(db_url)
         sqlite = url.drivername.startswith("sqlite")
         where = url.database if sqlite else url.render_as_string(hide_password=True)
         cause = str(getattr(exc, "orig", None) or exc).splitlines()[0] or type(exc).__name__
-        lowered = cause.lower()
-        if "locked" in lowered or "busy" in lowered:
+        if reason == FallbackReason.DB_BUSY:
             hint = "another process holds its lock; try again, or raise OUTBOX_BUSY_TIMEOUT"
-        elif "not a database" in lowered or "malformed" in lowered:
+        elif reason == FallbackReason.CORRUPT:
             hint = "the file is damaged or not an outbox database; `outbox rebuild` recreates it"
         elif sqlite:
             hint = "check that the file and its folder exist and this user may read and write them"

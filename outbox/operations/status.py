@@ -17,6 +17,7 @@ from sqlalchemy.exc import DBAPIError
 from outbox.core.errors import StoreUnreadable
 from outbox.core.receipt import Receipt
 from outbox.core.states import SETTLED, DeliveryState, ReceiptStatus
+from outbox.store.driver_errors import reason_of
 
 if TYPE_CHECKING:
     from outbox.core.config import Settings
@@ -36,7 +37,7 @@ def status_report(storage: Storage, settings: Settings) -> dict[str, Any]:
     try:
         return _status(storage, settings, time.time())
     except (DBAPIError, sqlite3.Error) as exc:
-        raise StoreUnreadable.of(settings.db_url, exc) from None
+        raise StoreUnreadable.of(settings.db_url, exc, reason_of(exc)) from None
 
 
 def _status(storage: Storage, settings: Settings, now: float) -> dict[str, Any]:

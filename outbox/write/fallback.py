@@ -25,6 +25,7 @@ from outbox.core.slugs import markdown_filename
 from outbox.core.states import FallbackReason
 from outbox.mirror import markdown
 from outbox.mirror.matter import initial
+from outbox.store.driver_errors import reason_of
 
 log = logging.getLogger(__name__)
 
@@ -38,43 +39,14 @@ PROCESSING_SUFFIX = ".processing"
 UNAVAILABLE_BARE = (sqlite3.Error, OSError, MirrorBusy, DatabaseTimeout)
 
 
-# What a database server that cannot be reached says (PostgreSQL through libpq).
-_UNREACHABLE = (
-    "connection refused",
-    "could not connect",
-    "could not translate host name",
-    "server closed the connection",
-    "connection to server",
-)
-_UNREACHABLE_CODES = (errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH)
-
-
 def failure_reason(exc: BaseException) -> FallbackReason:
-    """The front-matter ``reason`` for a database that could not take a write (pure)."""
+    """The front-matter ``reason`` for a database that could not take a write (pure): the
+    write path's own time bounds by their class, the database's errors by their code."""
     if isinstance(exc, MirrorBusy):
         return FallbackReason.DB_BUSY
     if isinstance(exc, DatabaseTimeout):
         return FallbackReason.DB_UNREACHABLE
-    text = str(getattr(exc, "orig", None) or exc).lower()
-    code = getattr(exc, "errno", None)
-    if any(sign in text for sign in _UNREACHABLE) or code in _UNREACHABLE_CODES:
-        # Before "timeout": a connect timeout is not a busy lock.
-        return FallbackReason.DB_UNREACHABLE
-    if "locked" in text or "busy" in text or "timeout" in text:
-        return FallbackReason.DB_BUSY
-    if (
-        "readonly" in text
-        or "read-only" in text
-        or code in (errno.EROFS, errno.EACCES, errno.EPERM)
-    ):
-        return FallbackReason.READONLY
-    if "full" in text or code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        return FallbackReason.DISK_FULL
-    if "not a database" in text or "malformed" in text:
-        return FallbackReason.CORRUPT
-    if "unable to open" in text or "disk i/o" in text or code == errno.EIO:
-        return FallbackReason.IO_ERROR
-    return FallbackReason.UNKNOWN
+    return reason_of(exc)
 
 
 def _plain_name(name: str) -> bool:

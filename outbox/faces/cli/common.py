@@ -141,9 +141,11 @@ def failure_line(exc: Exception) -> str:
     if type(exc).__module__.split(".")[0] in ("sqlalchemy", "sqlite3", "psycopg"):
         from outbox.core.config import load_settings
         from outbox.core.errors import OutboxError, StoreUnreadable
+        from outbox.write.fallback import failure_reason
 
         try:
-            return str(StoreUnreadable.of(load_settings().db_url, exc, doing="use"))
+            db_url = load_settings().db_url
+            return str(StoreUnreadable.of(db_url, exc, failure_reason(exc), doing="use"))
         except OutboxError:  # the settings themselves are bad: the plain line
             pass
     return f"{exc.__class__.__name__}: {error_line(exc)}"
