@@ -171,7 +171,7 @@ LIGHT_SCRIPT = """
 import json, sys
 import {module}
 heavy = ("sqlalchemy", "chromadb", "onnxruntime", "mcp", "mcp_types", "brainlayer")
-ours = ("outbox.api", "outbox.write.writer", "outbox.store", "outbox.dispatch")
+ours = ("outbox.api", "outbox.write", "outbox.store", "outbox.dispatch")
 loaded = sorted(
     m for m in sys.modules
     if m.split(".")[0] in heavy or any(m == o or m.startswith(o + ".") for o in ours)
