@@ -32,6 +32,12 @@ _FrontMatterDumper.add_representer(
 
 FENCE = b"---\n"
 
+# The two names the markdown folder keeps for the fallback queue (``write/fallback.py``): its
+# index of waiting files, and the part of it an importer has claimed (``claim_index``). The
+# mirrors read them too, to know whether fallback files wait, without importing the write path.
+INDEX_NAME = ".outbox-fallback.idx"
+PROCESSING_SUFFIX = ".processing"
+
 
 class MalformedMarkdown(ValueError):
     """A file that is not front matter plus body; replay names it and moves on."""

@@ -23,8 +23,8 @@ from outbox.core.slugs import carries_content_hash, markdown_filename
 from outbox.mirror import markdown, matter
 from outbox.mirror.jsonl import JsonlLog, accepted_event
 from outbox.mirror.lock import MirrorLock
+from outbox.mirror.markdown import INDEX_NAME, PROCESSING_SUFFIX
 from outbox.mirror.writer import MirrorWriter
-from outbox.write.fallback import INDEX_NAME, PROCESSING_SUFFIX
 
 if TYPE_CHECKING:
     from outbox.core.config import Settings

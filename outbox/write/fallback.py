@@ -24,14 +24,11 @@ from outbox.core.record import Record
 from outbox.core.slugs import markdown_filename
 from outbox.core.states import FallbackReason
 from outbox.mirror import markdown
+from outbox.mirror.markdown import INDEX_NAME, PROCESSING_SUFFIX
 from outbox.mirror.matter import initial
 from outbox.store.driver_errors import reason_of
 
 log = logging.getLogger(__name__)
-
-INDEX_NAME = ".outbox-fallback.idx"
-# The index an importer has claimed (``claim_index``), beside the one writers append to.
-PROCESSING_SUFFIX = ".processing"
 
 # What makes a write go to the fallback file instead of failing, short of SQLAlchemy's own
 # errors (``store/engine.py`` adds those: ``UNAVAILABLE``). ``sqlite3.Error``: the SQLite write
