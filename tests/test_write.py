@@ -275,7 +275,7 @@ def test_a_waiting_fallback_file_of_the_same_content_keeps_its_name(outbox: Outb
     takes its -<key8> name, as its receipt says."""
     content = "the same words, saved twice on one day"
     parked = build_record(content, timestamp="2026-11-29T08:00:00Z")
-    fallback_path, _ = outbox.write.fallback.write(parked, FallbackReason.DB_BUSY)
+    fallback_path, _ = outbox.fallback.write(parked, FallbackReason.DB_BUSY)
     receipt = outbox.add(content, timestamp="2026-11-29T09:00:00Z")
 
     assert receipt.markdown_path is not None and receipt.markdown_path != fallback_path
