@@ -25,7 +25,7 @@ from benchmarks.common import lag_summary, memories, open_outbox, outbox_environ
 from outbox import Settings
 from outbox.core.record import Record, build_record
 from outbox.sinks.base import Sink
-from outbox.store.engine import sqlite_path
+from outbox.store.sqlite_writes import sqlite_path
 
 PREFILL_BATCH = 500
 

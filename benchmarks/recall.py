@@ -42,7 +42,7 @@ from outbox.memory_core import MemoryService
 from outbox.recall import service as recall_service
 from outbox.recall.fusion import CONTEXT_REACH, MIN_RELEVANCE, Fusion, rrf
 from outbox.store import recall as store_recall
-from outbox.store.engine import sqlite_path
+from outbox.store.sqlite_writes import sqlite_path
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo-dev.json"

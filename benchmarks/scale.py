@@ -25,7 +25,7 @@ from benchmarks.common import (
     time_calls,
 )
 from outbox import Outbox
-from outbox.store.engine import sqlite_path
+from outbox.store.sqlite_writes import sqlite_path
 
 QUERIES = (
     "why did we choose sqlite for the durable write",

@@ -20,7 +20,7 @@ from outbox import Outbox
 from outbox.core.keys import canonical_timestamp, idempotency_key
 from outbox.core.record import build_record
 from outbox.core.slugs import derive_slug, markdown_filename
-from outbox.store.engine import sqlite_path
+from outbox.store.sqlite_writes import sqlite_path
 
 TEXTS = memories(200, seed=51)
 CONTENT = TEXTS[0]

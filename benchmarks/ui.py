@@ -40,7 +40,8 @@ from outbox import Settings
 from outbox.core.record import build_record
 from outbox.core.slugs import markdown_filename
 from outbox.mirror.jsonl import accepted_event
-from outbox.store.engine import make_engine, sqlite_path
+from outbox.store.engine import make_engine
+from outbox.store.sqlite_writes import sqlite_path
 from outbox.store.storage import Storage
 
 REPO = Path(__file__).resolve().parent.parent

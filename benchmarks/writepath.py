@@ -44,7 +44,7 @@ from benchmarks.common import (
     time_calls,
 )
 from outbox.core.keys import canonical_timestamp
-from outbox.store.engine import sqlite_path
+from outbox.store.sqlite_writes import sqlite_path
 
 _FLOOR_ROWS = (
     (

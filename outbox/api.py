@@ -30,10 +30,10 @@ from outbox.operations.catalog import Catalog
 from outbox.operations.forget import ForgetReceipt, Forgetter
 from outbox.operations.status import DeadLetters, status_report, wait_delivered
 from outbox.recall.fusion import CONTEXT_REACH
-from outbox.store import migrate
-from outbox.store.bounded import call_within
-from outbox.store.engine import UNAVAILABLE, make_engine, sqlite_path, sqlite_writer
+from outbox.store.engine import UNAVAILABLE
+from outbox.store.sqlite_writes import sqlite_path
 from outbox.store.storage import Storage
+from outbox.store.transactions import transactions_for
 from outbox.write.durable import commit_or_fallback
 from outbox.write.fallback import FallbackQueue, failure_reason
 from outbox.write.writer import WRITE_MARGIN_SECONDS, Writer
@@ -61,17 +61,16 @@ class Outbox:
     def __init__(self, settings: Settings, *, repair: bool = True) -> None:
         check_store(settings, sqlite_path(settings.db_url))  # before anything is opened
         self.settings = settings
-        self.engine = make_engine(settings, writer=True)
-        self.reader = make_engine(settings, writer=False) if settings.is_sqlite else self.engine
-        self.storage = Storage(self.engine, self.reader)
-        self.mirrors = Mirrors.from_settings(self.storage, settings)
+        self.storage = Storage.from_settings(settings)
+        self.engine, self.reader = self.storage.engine, self.storage.reader
+        self.mirrors = Mirrors.from_settings(lambda: self.storage, settings)
         self.writer = Writer(
-            self.storage,
+            lambda: self.storage,
             self.mirrors,
+            transactions=transactions_for(settings, lambda: self.storage),
             sinks=settings.sinks,
             origin=settings.mirror_id,
             busy_timeout=settings.busy_timeout,
-            connect=sqlite_writer(settings),
         )
         self.fallback = FallbackQueue(settings.markdown_dir, settings.sinks)
         self.dead = DeadLetters(self.storage, self.mirrors)
@@ -115,11 +114,7 @@ class Outbox:
         server does not answer (an upgrade that has started is left to finish)."""
         if self._migrated:
             return
-        if self.engine.dialect.name == "sqlite":
-            migrate.upgrade(self.engine, self.reader)
-        else:
-            bound = self.settings.busy_timeout + WRITE_MARGIN_SECONDS
-            call_within(bound, lambda: migrate.upgrade(self.engine, self.reader), "schema check")
+        self.storage.upgrade(self.settings.busy_timeout + WRITE_MARGIN_SECONDS)
         self.storage.locations.check(self.settings)  # mirrors elsewhere than recorded: refused
         self._migrated = True
 
@@ -187,9 +182,7 @@ class Outbox:
         fresh connection.
         """
         record = self.prepare(content, **fields)
-        # The SQLite write path runs on the bare driver, inside the caller's transaction.
-        target = conn.connection.driver_connection if self.settings.is_sqlite else conn
-        accepted = self.writer.insert(target, record, time.time())
+        accepted = self.writer.enqueue(conn, record, time.time())
         return self.writer.receipt(accepted)
 
     def add_listener(self, callback: Callable[[], object]) -> Callable[[], None]:
@@ -301,9 +294,7 @@ class Outbox:
         self.forgetter.close()
         self.writer.close()
         self.mirrors.close()
-        self.engine.dispose()
-        if self.reader is not self.engine:
-            self.reader.dispose()
+        self.storage.close()
 
     def __enter__(self) -> Outbox:
         return self

@@ -17,8 +17,8 @@ from outbox import Outbox, Receipt, Settings
 from outbox.core.record import build_record
 from outbox.core.slugs import markdown_filename
 from outbox.core.states import ReceiptStatus
-from outbox.store.engine import sqlite_path
-from outbox.store.sqlite_writes import apply_discipline
+from outbox.store.sqlite_writes import apply_discipline, sqlite_path
+from outbox.store.transactions import SqliteTransactions
 
 TS = "2026-11-29T08:00:00.000000Z"
 
@@ -43,7 +43,8 @@ class Gate:
         self.fail = fail
         self.before_commit = before_commit
         self.commits = 0
-        self.original = ob.writer.connect
+        self.transactions = sqlite_transactions(ob)
+        self.original = self.transactions.connect
         path = sqlite_path(ob.settings.db_url)
         assert path is not None
         gate = self
@@ -63,7 +64,7 @@ class Gate:
             return conn
 
         ob.writer.close()  # the next write opens a gated connection
-        ob.writer.connect = connect
+        self.transactions.connect = connect
 
     def _on_commit(self) -> None:
         self.commits += 1
@@ -78,7 +79,14 @@ class Gate:
 
     def remove(self) -> None:
         self.writer.close()
-        self.writer.connect = self.original
+        self.transactions.connect = self.original
+
+
+def sqlite_transactions(ob: Outbox) -> SqliteTransactions:
+    """The writer's transactions on the bare driver, whose ``connect`` a test may wrap."""
+    transactions = ob.writer.transactions
+    assert isinstance(transactions, SqliteTransactions)
+    return transactions
 
 
 def queued(ob: Outbox, count: int) -> Callable[[], bool]:
@@ -307,7 +315,7 @@ def test_a_group_is_written_with_one_statement_per_table(ob: Outbox) -> None:
     about what one record costs in statements."""
     statements: list[str] = []
     gate = Gate(ob, queued(ob, 6))
-    gated = ob.writer.connect
+    gated = sqlite_transactions(ob).connect
     assert gated is not None
 
     def traced() -> sqlite3.Connection:
@@ -315,7 +323,7 @@ def test_a_group_is_written_with_one_statement_per_table(ob: Outbox) -> None:
         conn.set_trace_callback(statements.append)
         return conn
 
-    ob.writer.connect = traced
+    sqlite_transactions(ob).connect = traced
     receipts = add_in_threads(ob, [{"content": f"grouped memory {n}"} for n in range(7)])
     gate.remove()
     assert gate.commits == 2  # the first alone, then the six that queued behind it together

@@ -18,7 +18,8 @@ from alembic import command
 from outbox import Outbox, load_settings
 from outbox.store import migrate
 from outbox.store.engine import make_engine
-from outbox.store.locations import LocationMismatch, MirrorPlaces, judge
+from outbox.store.locations import LocationMismatch, judge
+from outbox.store.steady import MirrorPlaces
 from tests.helpers.subproc import child_env, run_cli
 from tests.pg import NOOP_SINK, new_database
 

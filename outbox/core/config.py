@@ -62,10 +62,6 @@ class Settings:
     metrics_port: int = 0
     mirror_id: str = field(default_factory=socket.gethostname)
 
-    @property
-    def is_sqlite(self) -> bool:
-        return self.db_url.startswith("sqlite")
-
 
 def _as_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:
     if isinstance(value, bool):

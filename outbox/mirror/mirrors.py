@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -47,11 +47,15 @@ class NewMirror:
 
 
 class Mirrors:
-    """The JSONL log and markdown files of the records this machine wrote (``mirror_id``)."""
+    """The JSONL log and markdown files of the records this machine wrote (``mirror_id``).
+
+    ``storage`` is called only by the paths that read or write the database (repair, verify,
+    a file name taken after the commit, a torn log), so a write's mirrors never build it.
+    """
 
     def __init__(
         self,
-        storage: Storage,
+        storage: Callable[[], Storage],
         *,
         jsonl_path: Path,
         markdown_dir: Path,
@@ -70,7 +74,7 @@ class Mirrors:
         self.writer: MirrorWriter[NewMirror] = MirrorWriter(self.lock, self._write_new)
 
     @classmethod
-    def from_settings(cls, storage: Storage, settings: Settings) -> Mirrors:
+    def from_settings(cls, storage: Callable[[], Storage], settings: Settings) -> Mirrors:
         return cls(
             storage,
             jsonl_path=settings.jsonl_path,
@@ -84,7 +88,7 @@ class Mirrors:
         repair's watermark, so the next repair reads the whole log and puts back any line
         lost with the tail, outcome lines included."""
         try:
-            self.storage.mirror_state.set_mirror_watermark(self.mirror_id, 0, 0, None)
+            self.storage().mirror_state.set_mirror_watermark(self.mirror_id, 0, 0, None)
         except Exception as exc:  # this process's own repair still sees the cut
             log.warning("could not reset the mirror watermark (%s)", exc.__class__.__name__)
 
@@ -180,8 +184,9 @@ class Mirrors:
         record = item.record
         name = markdown_filename(record.timestamp, record.slug, collision_key=record.key)
         try:
-            with self.storage.engine.begin() as conn:
-                self.storage.records.rename_markdown(conn, record.key, name)
+            storage = self.storage()
+            with storage.engine.begin() as conn:
+                storage.records.rename_markdown(conn, record.key, name)
         except Exception as exc:  # the record stands; verify will name the file
             log.warning("could not move a record off a taken file name (%s)", type(exc).__name__)
             return item.markdown_name
@@ -214,7 +219,7 @@ class Mirrors:
         if self._sync is None:
             from outbox.mirror.repair import MirrorSync
 
-            self._sync = MirrorSync(self.storage, self.jsonl, self.markdown_dir, self.mirror_id)
+            self._sync = MirrorSync(self.storage(), self.jsonl, self.markdown_dir, self.mirror_id)
         return self._sync
 
     def repair(self, full: bool = False) -> RepairReport:
@@ -232,7 +237,7 @@ class Mirrors:
         from outbox.mirror.verify import verify
 
         with self.lock.hold():
-            return verify(self.storage, self.jsonl, self.markdown_dir, self.mirror_id)
+            return verify(self.storage(), self.jsonl, self.markdown_dir, self.mirror_id)
 
     def close(self) -> None:
         """Write what the mirror writer still holds, then let go of the files."""

@@ -21,6 +21,7 @@ from outbox.mirror.forget import Redactor
 from outbox.mirror.jsonl import JsonlLog, accepted_event
 from outbox.store.deliveries import DeliveryRow
 from outbox.store.rows import StoredRecord
+from outbox.store.steady import log_owed
 from outbox.store.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -108,16 +109,18 @@ class MirrorSync:
         before = self.jsonl.size()
         size = self.jsonl.repair_tail()
         report.torn_bytes_cut = before - size
-        seq, offset, remembered = self.storage.mirror_state.mirror_watermark(self.mirror_id)
+        mark = self.storage.mirror_state.mirror_watermark(self.mirror_id)
+        seq, offset, remembered = mark
         # A torn tail was cut, or the log lost its tail (power loss) or was replaced, maybe
         # written to since: lines may be gone whose database flags were already cleared, so
-        # rescan it all, and put back the outcome lines it lost too.
-        rescan = (
-            full
-            or report.torn_bytes_cut > 0
-            or offset == 0  # never repaired, or reset when an append cut a torn tail
-            or not self.jsonl.continues_at(offset, remembered)
+        # rescan it all, and put back the outcome lines it lost too (``steady.log_owed``:
+        # the direct write's check asks the same).
+        owed = log_owed(
+            mark,
+            torn=report.torn_bytes_cut > 0,
+            continues=self.jsonl.continues_at(offset, remembered),
         )
+        rescan = full or owed is not None
         if rescan:
             seq, offset = 0, 0
         accepted: set[str] = set()

@@ -182,8 +182,7 @@ class Rebuilder:
             try:
                 self._check_and_fill(storage, marker, report, resuming=state is not None)
             finally:
-                storage.engine.dispose()
-                storage.reader.dispose()
+                storage.close()
             marker.remove()
         report.seconds = round(time.monotonic() - started, 2)
         return report
@@ -226,7 +225,7 @@ class Rebuilder:
             )
         marker.write(self.aside)  # before the first record goes in
         storage.locations.check(settings)
-        mirrors = Mirrors.from_settings(storage, settings)
+        mirrors = Mirrors.from_settings(lambda: storage, settings)
         try:
             # Held throughout: a repair elsewhere reading the log while records go in would
             # take them for records whose lines are missing, and append those lines twice.
@@ -394,18 +393,15 @@ def _holds_markdown(folder: Path) -> bool:
 
 
 def _sqlite_file(settings: Settings) -> Path | None:
-    from outbox.store.engine import sqlite_path
+    from outbox.store.sqlite_writes import sqlite_path
 
     return sqlite_path(settings.db_url)
 
 
 def _open_storage(settings: Settings) -> Storage:
-    from outbox.store.engine import make_engine
     from outbox.store.storage import Storage
 
-    engine = make_engine(settings, writer=True)
-    reader = make_engine(settings, writer=False) if settings.is_sqlite else engine
-    return Storage(engine, reader)
+    return Storage.from_settings(settings)
 
 
 def _is_corrupt(settings: Settings, database: Path) -> bool:
@@ -415,19 +411,18 @@ def _is_corrupt(settings: Settings, database: Path) -> bool:
 
     from sqlalchemy.exc import DBAPIError
 
-    from outbox.store.engine import make_engine
     from outbox.store.storage import Storage
     from outbox.write.fallback import failure_reason
 
-    engine = make_engine(settings, writer=False)
+    storage = Storage.from_settings(settings)
     try:
-        return bool(Storage(engine).integrity_problems())
+        return bool(storage.integrity_problems())
     except (DBAPIError, sqlite3.Error) as exc:
         if failure_reason(exc) == FallbackReason.CORRUPT:
             return True
         raise
     finally:
-        engine.dispose()
+        storage.close()
 
 
 def rebuild(

@@ -9,10 +9,7 @@ without waiting). Readers get their own engine with plain deferred BEGIN.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
-import sqlite3
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +19,11 @@ from sqlalchemy.exc import DBAPIError
 
 from outbox.core.config import Settings
 from outbox.core.folders import ensure_private_dir
-from outbox.store.sqlite_writes import apply_discipline, connect_writer
+from outbox.store.sqlite_writes import apply_discipline, sqlite_url
 from outbox.write.fallback import UNAVAILABLE_BARE
 
 # What makes a write go to the fallback file instead of failing, SQLAlchemy's errors included.
 UNAVAILABLE = (DBAPIError, *UNAVAILABLE_BARE)
-
-
-def sqlite_path(db_url: str) -> Path | None:
-    """The database file of a sqlite URL, or None for memory/other backends."""
-    url = make_url(db_url)
-    if not url.drivername.startswith("sqlite") or not url.database or url.database == ":memory:":
-        return None
-    return Path(url.database)
 
 
 def _prepare_sqlite_file(path: Path) -> None:
@@ -46,22 +35,12 @@ def _prepare_sqlite_file(path: Path) -> None:
         os.close(fd)
 
 
-def sqlite_writer(settings: Settings) -> Callable[[], sqlite3.Connection] | None:
-    """What opens the write path's own bare-driver connection to a SQLite file (None for
-    PostgreSQL, whose writes go through the engine)."""
-    path = sqlite_path(settings.db_url)
-    if path is None:
-        return None
-    return functools.partial(
-        connect_writer, path, busy_timeout=settings.busy_timeout, synchronous=settings.synchronous
-    )
-
-
 def make_engine(settings: Settings, *, writer: bool = True) -> Engine:
     """An engine for ``settings.db_url``; ``writer`` picks BEGIN IMMEDIATE on SQLite."""
     url = settings.db_url
-    if url.startswith("sqlite"):
-        path = sqlite_path(url)
+    sqlite = sqlite_url(url)
+    if sqlite is not None:
+        path = sqlite.path
         if path is not None and writer:
             # When this fails SQLite reports it on first use, and the write then falls back.
             with contextlib.suppress(OSError):

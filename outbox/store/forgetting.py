@@ -14,18 +14,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, delete, func, insert, literal_column, select, update
+from sqlalchemy import Connection, Engine, delete, func, insert, select, text, update
 
 from outbox.core.states import DeliveryOp, DeliveryState
 from outbox.store.rows import StoredRecord, row_to_record
 from outbox.store.schema import deliveries, graph_edges, graph_nodes, records
+from outbox.store.steady import FORGETS_OWED, MIRRORS_DUE, PURGE_DUE, PURGE_OWED
 
-# records.redaction_pending: what a forget still owes.
-MIRRORS_DUE = 1  # the log line is not redacted yet, or the markdown file not deleted
-PURGE_DUE = 2  # the database may still hold old copies (search index segments, WAL frames)
-# The partial index's own condition, spelled out with a literal 0 (not a bound parameter):
-# SQLite uses a partial index only for a query that repeats its WHERE term as written.
-_OWING = records.c.redaction_pending > literal_column("0")
+# What forgets still owe, as the steady-state check reads it too (``steady.py``).
+_MIRRORS_OWED = text(FORGETS_OWED)
+_PURGE_OWED = text(PURGE_OWED)
 
 
 @dataclass(frozen=True)
@@ -224,7 +222,7 @@ class ForgetStore:
             while len(found) < limit:
                 rows = conn.execute(
                     select(records)
-                    .where(_OWING, records.c.redaction_pending == MIRRORS_DUE)
+                    .where(_MIRRORS_OWED)
                     .where(records.c.seq > last)
                     .order_by(records.c.seq)
                     .limit(limit)
@@ -253,9 +251,7 @@ class ForgetStore:
         with self.reader.connect() as conn:
             return int(
                 conn.execute(
-                    select(func.count())
-                    .select_from(records)
-                    .where(_OWING, records.c.redaction_pending == PURGE_DUE)
+                    select(func.count()).select_from(records).where(_PURGE_OWED)
                 ).scalar_one()
             )
 
@@ -267,11 +263,7 @@ class ForgetStore:
         forget. PostgreSQL: VACUUM the tables, so dead row versions are no longer kept.
         """
         with self.reader.connect() as conn:
-            keys = list(
-                conn.execute(
-                    select(records.c.key).where(_OWING, records.c.redaction_pending == PURGE_DUE)
-                ).scalars()
-            )
+            keys = list(conn.execute(select(records.c.key).where(_PURGE_OWED)).scalars())
         if not keys:
             return PurgeResult(0, True)
         complete = self._purge_sqlite() if self._sqlite else self._purge_postgres()

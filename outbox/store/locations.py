@@ -16,44 +16,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy import Engine, Table, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from outbox.core.errors import OutboxError
 from outbox.store.schema import store_locations
+from outbox.store.steady import MirrorPlaces, Placed
 
 log = logging.getLogger(__name__)
 
 
 class LocationMismatch(OutboxError):
     """An open names other mirror paths than the ones its store recorded."""
-
-
-class Placed(Protocol):
-    """What the check reads from the settings (``outbox.core.config.Settings`` has it)."""
-
-    @property
-    def mirror_id(self) -> str: ...
-    @property
-    def jsonl_path(self) -> Path: ...
-    @property
-    def markdown_dir(self) -> Path: ...
-
-
-@dataclass(frozen=True)
-class MirrorPlaces:
-    """One machine's JSONL log and markdown folder, as absolute paths."""
-
-    jsonl_path: Path
-    markdown_dir: Path
-
-    @classmethod
-    def of(cls, settings: Placed) -> MirrorPlaces:
-        return cls(
-            Path(os.path.abspath(settings.jsonl_path)), Path(os.path.abspath(settings.markdown_dir))
-        )
 
 
 # Each place: how the error names it, and the setting that moves it.

@@ -8,22 +8,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
-from sqlalchemy import Engine, Table, bindparam, select, update
+from sqlalchemy import Engine, Table, bindparam, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from outbox.store.delivery_reads import DeliveryRow, row_to_delivery
-from outbox.store.schema import deliveries, mirror_state, records
-
-
-class Watermark(NamedTuple):
-    """How far the mirror repair got: the last record seq, the JSONL offset, and the hash of
-    the line that ends at that offset (None before migration 0004 or for an empty log)."""
-
-    record_seq: int
-    offset: int
-    line_hash: str | None
+from outbox.store.schema import deliveries, mirror_state
+from outbox.store.steady import OUTCOMES_OWED, Watermark
 
 
 class MirrorStateStore:
@@ -64,22 +56,18 @@ class MirrorStateStore:
             conn.execute(statement)
 
     def mirror_pending(self, origin: str, limit: int = 1000) -> list[DeliveryRow]:
-        """Outcomes of ``origin``'s records still to be mirrored, oldest first.
+        """Outcomes of ``origin``'s records still to be mirrored, oldest first (what is owed:
+        ``steady.OUTCOMES_OWED``, the direct write's check too).
 
         The origin test is a correlated EXISTS, not a join: joined, SQLite drove the query
         from every record of the origin (all of them, on one machine), so each call grew with
         the outbox, and it runs twice per dispatcher batch. This way it walks only the
         partial index of pending rows, in id order.
         """
-        mine = (
-            select(records.c.key)
-            .where(records.c.key == deliveries.c.record_key, records.c.origin == origin)
-            .exists()
-        )
         with self.reader.connect() as conn:
             rows = conn.execute(
                 select(deliveries)
-                .where(deliveries.c.mirror_pending == 1, mine)
+                .where(text(OUTCOMES_OWED).bindparams(origin=origin))
                 .order_by(deliveries.c.id)
                 .limit(limit)
             ).all()

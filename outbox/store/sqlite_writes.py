@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from outbox.core.record import Record
 from outbox.store.rows import NewRows, StoredRecord, new_rows, row_to_record
@@ -115,14 +117,39 @@ def connect_writer(path: Path, *, busy_timeout: float, synchronous: str) -> sqli
     return conn
 
 
+@dataclass(frozen=True)
+class SqliteUrl:
+    """A SQLite URL as the store reads it: its file (None: in memory), and whether it is a
+    bare ``sqlite:///path``, with no driver, host or options that only the full outbox reads."""
+
+    path: Path | None
+    plain: bool
+
+
+def sqlite_url(db_url: str) -> SqliteUrl | None:
+    """``db_url`` read as SQLite (None: another backend), the way SQLAlchemy reads it: the
+    database is what follows the host's slash, percent-decoded, up to the options."""
+    scheme, sep, rest = db_url.partition("://")
+    if not sep or scheme.split("+", 1)[0] != "sqlite":
+        return None
+    location, options, _ = rest.partition("?")
+    host, _, database = location.partition("/")
+    database = unquote(database)
+    path = Path(database) if database and database != ":memory:" else None
+    return SqliteUrl(path, scheme == "sqlite" and not host and not options)
+
+
+def sqlite_path(db_url: str) -> Path | None:
+    """The database file of a SQLite URL; None for an in-memory database or another backend."""
+    url = sqlite_url(db_url)
+    return None if url is None else url.path
+
+
 def sqlite_file(db_url: str) -> Path | None:
     """The file of a plain ``sqlite:///path`` URL; None for anything else (another driver,
     URL options, an in-memory database), which only the full outbox opens."""
-    prefix = "sqlite:///"
-    if not db_url.startswith(prefix) or "?" in db_url:
-        return None
-    path = db_url[len(prefix) :]
-    return Path(path) if path and path != ":memory:" else None
+    url = sqlite_url(db_url)
+    return url.path if url is not None and url.plain else None
 
 
 class SqliteRows:

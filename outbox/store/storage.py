@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from sqlalchemy import Engine
 
+from outbox.core.config import Settings
+from outbox.store import migrate
+from outbox.store.bounded import call_within
 from outbox.store.browse import BrowseQueries
 from outbox.store.deliveries import DeliveryStore
+from outbox.store.engine import make_engine
 from outbox.store.forgetting import ForgetStore
 from outbox.store.heartbeats import HeartbeatStore
 from outbox.store.locations import LocationStore
@@ -38,6 +42,31 @@ class Storage:
         self.locations = LocationStore(self.engine, self.reader)  # where the mirrors live
         self.restore = OutcomeRestore()  # outbox rebuild: outcomes the log recorded
         self.heartbeats = HeartbeatStore(self.engine, self.reader)  # which dispatchers live
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Storage:
+        """The store ``settings.db_url`` names, as every part of the outbox opens it: SQLite
+        reads on an engine of their own (deferred BEGIN beside the writer's BEGIN IMMEDIATE),
+        PostgreSQL shares one pool."""
+        engine = make_engine(settings, writer=True)
+        if engine.dialect.name != "sqlite":
+            return cls(engine)
+        return cls(engine, make_engine(settings, writer=False))
+
+    def upgrade(self, bound: float) -> None:
+        """Migrate to the current schema; on PostgreSQL cut off after ``bound`` seconds when
+        the server does not answer, like a write (an upgrade that has started is left to
+        finish). SQLite's waits are bounded by its busy timeout."""
+        if self.dialect == "sqlite":
+            migrate.upgrade(self.engine, self.reader)
+        else:
+            call_within(bound, lambda: migrate.upgrade(self.engine, self.reader), "schema check")
+
+    def close(self) -> None:
+        """Close the engines' pooled connections."""
+        self.engine.dispose()
+        if self.reader is not self.engine:
+            self.reader.dispose()
 
     def integrity_problems(self) -> list[str]:
         """What the database's own check finds wrong (SQLite's ``quick_check``: pages,

@@ -476,7 +476,7 @@ class StorageConformance:
     def test_locations_are_recorded_once_per_mirror_and_replaced_only_on_purpose(
         self, storage: Storage, tmp_path: Path
     ) -> None:
-        from outbox.store.locations import MirrorPlaces
+        from outbox.store.steady import MirrorPlaces
 
         first = MirrorPlaces(tmp_path / "a" / "outbox.jsonl", tmp_path / "a" / "md")
         second = MirrorPlaces(tmp_path / "b" / "outbox.jsonl", tmp_path / "b" / "md")
@@ -496,7 +496,7 @@ class StorageConformance:
         self, storage: Storage
     ) -> None:
         from outbox.core.states import DeliveryOp
-        from outbox.store.forgetting import MIRRORS_DUE, PURGE_DUE
+        from outbox.store.steady import MIRRORS_DUE, PURGE_DUE
 
         delivered_key, untried_key = seed(storage, 2, now=100.0, prefix="forget")
         claimed = [

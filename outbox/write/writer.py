@@ -4,28 +4,25 @@ A receipt promises the commit. The record's JSONL line and markdown file follow 
 it, written by the mirror writer's thread in commit order (``Mirrors.defer``), so a caller
 never waits for its files; ``wait_mirrored`` is there for one that needs them.
 
-This module imports no sink, no model and no chromadb: a write can never wait on them. On
-SQLite it does not need SQLAlchemy either: its transaction runs on the bare driver
-(``store/sqlite_writes.py``), so ``outbox add`` can write without importing the toolkit.
+This module imports no sink, no model and no chromadb: a write can never wait on them. Nor
+does it know the dialect: the store's transaction object begins, bounds and commits
+(``store/transactions.py``); on SQLite it runs on the bare driver, so ``outbox add`` can write
+without importing SQLAlchemy.
 """
 
 from __future__ import annotations
 
-import contextlib
-import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from outbox.core.receipt import Receipt
 from outbox.core.record import Record
 from outbox.core.slugs import markdown_filename
 from outbox.core.states import DeliveryState, ReceiptStatus
 from outbox.mirror.mirrors import Mirrors, NewMirror
-from outbox.store.bounded import call_within
-from outbox.store.rows import StoredRecord
-from outbox.store.sqlite_writes import SqliteRows
+from outbox.store.transactions import RowWrites, Transactions
 from outbox.write.group_commit import GroupCommit
 
 if TYPE_CHECKING:
@@ -35,27 +32,6 @@ if TYPE_CHECKING:
 WRITE_MARGIN_SECONDS = 0.5
 # How far past its bound a write may go before its database wait is shortened to fit.
 BOUND_TOLERANCE_SECONDS = 0.05
-
-
-class RowWrites(Protocol):
-    """The statements of a write, inside the transaction on ``conn``: a bare ``sqlite3``
-    connection for ``SqliteRows``, a SQLAlchemy one for ``RecordStore`` (PostgreSQL)."""
-
-    def lookup_many(
-        self, conn: Any, keys: Sequence[str], names: Sequence[str]
-    ) -> tuple[set[str], dict[str, str]]: ...
-
-    def insert_records(
-        self,
-        conn: Any,
-        named: Sequence[tuple[Record, str]],
-        *,
-        sinks: Sequence[str],
-        origin: str,
-        now: float,
-    ) -> list[int | None]: ...
-
-    def get_record(self, key: str, conn: Any) -> StoredRecord | None: ...
 
 
 @dataclass(frozen=True)
@@ -85,30 +61,31 @@ class Writer:
     transaction commits, the callers that arrive queue up, and the next one to lead commits
     all of them at once, so they pay one fsync between them instead of one each.
 
-    ``connect`` (SQLite) opens the writer's own bare-driver connection; without it the
-    transaction is a SQLAlchemy one on ``storage.engine`` (PostgreSQL). ``storage`` is
-    otherwise only read for a duplicate's delivered ids.
+    ``transactions`` begin, bound and commit each transaction in the store's dialect;
+    ``storage`` (built on first call) is only read for a duplicate's delivered ids.
     """
 
     def __init__(
         self,
-        storage: Storage,
+        storage: Callable[[], Storage],
         mirrors: Mirrors,
         *,
+        transactions: Transactions,
         sinks: Sequence[str],
         origin: str,
         busy_timeout: float,
-        connect: Callable[[], sqlite3.Connection] | None = None,
     ) -> None:
         self.storage = storage
         self.mirrors = mirrors
+        self.transactions = transactions
         self.sinks = tuple(sinks)
         self.origin = origin
         self.busy_timeout = busy_timeout
         self.queue: GroupCommit[Prepared, Accepted] = GroupCommit(self._transact)
-        self.connect = connect
-        self.rows: RowWrites = SqliteRows() if connect is not None else storage.records
-        self._connection: sqlite3.Connection | None = None
+
+    @property
+    def rows(self) -> RowWrites:
+        return self.transactions.rows
 
     # -- the transaction ------------------------------------------------------------------
 
@@ -120,6 +97,11 @@ class Writer:
         """
         (accepted,) = self.insert_group(conn, [Prepared(record, None, adopt)], now)
         return accepted
+
+    def enqueue(self, conn: Any, record: Record, now: float) -> Accepted:
+        """Insert inside a caller's own SQLAlchemy transaction on ``conn`` (``Outbox.enqueue``):
+        the rows run on the connection the dialect's statements take."""
+        return self.insert(self.transactions.joined(conn), record, now)
 
     def insert_group(self, conn: Any, items: Sequence[Prepared], now: float) -> list[Accepted]:
         """Insert a group inside ``conn``'s transaction with one lookup and one statement
@@ -202,15 +184,12 @@ class Writer:
         return self.queue.submit(items, deadline)
 
     def _transact(self, items: Sequence[Prepared], deadline: float) -> list[Accepted]:
-        """The transaction under the mirror lock; on PostgreSQL cut off at ``deadline`` if
-        the server stops answering (``store/bounded.py``)."""
-        if self.connect is not None:
-            return self._transact_here(items, deadline)
-        return call_within(
+        """The transaction under the mirror lock, cut off at ``deadline`` where the database
+        may stop answering (PostgreSQL: ``store/bounded.py``)."""
+        return self.transactions.within(
             # A group that queued to the edge of its bound still gets a moment to commit.
             max(deadline - time.monotonic(), BOUND_TOLERANCE_SECONDS),
             lambda: self._transact_here(items, deadline),
-            "write",
         )
 
     def _transact_here(self, items: Sequence[Prepared], deadline: float) -> list[Accepted]:
@@ -218,7 +197,7 @@ class Writer:
         lock keeps them from any other process until the mirror writer has written them."""
         with self.mirrors.hold(deadline, exclusive=False):
             now = time.time()
-            with self._transaction(deadline) as conn:
+            with self.transactions.transaction(self._lock_wait(deadline)) as conn:
                 accepted = self.insert_group(conn, items, now)
             self.mirrors.defer(
                 [
@@ -230,44 +209,13 @@ class Writer:
             )
         return accepted
 
-    @contextlib.contextmanager
-    def _transaction(self, deadline: float) -> Iterator[Any]:
-        """A transaction whose wait for the database lock ends by ``deadline`` (less the
-        margin for statements), whatever waiting for the mirror lock used.
-
-        SQLite runs it on the writer's own bare-driver connection, kept between writes: no
-        pool checkout per write, and no SQLAlchemy. Only the thread holding the mirror lock
-        uses it; one that saw an error is dropped and the next write opens another.
-        PostgreSQL keeps the pool, whose pre-ping notices a restarted server, and queues a
-        wake-up for the dispatchers that is sent at commit.
-        """
+    def _lock_wait(self, deadline: float) -> float | None:
+        """How long the transaction may wait for the database lock so that it ends by
+        ``deadline`` (less the margin for statements), whatever waiting for the mirror lock
+        used; None (the busy timeout) unless that waiting used a noticeable part of the
+        bound, since shortening costs two extra statements a write."""
         budget = deadline - time.monotonic() - WRITE_MARGIN_SECONDS
-        # Only when waiting used a noticeable part of the bound: two extra statements a write.
-        shortened = budget < self.busy_timeout - BOUND_TOLERANCE_SECONDS
-        if self.connect is None:
-            from outbox.store.wakeup import notify
-
-            with self.storage.engine.begin() as conn:
-                if shortened:  # 0 would mean "wait forever" here
-                    timeout_ms = max(1, int(budget * 1000))
-                    conn.exec_driver_sql(f"SET LOCAL lock_timeout = {timeout_ms}")
-                yield conn
-                notify(conn)
-            return
-        if self._connection is None:
-            self._connection = self.connect()
-        driver = self._connection
-        try:
-            if shortened:
-                driver.execute(f"PRAGMA busy_timeout = {max(0, int(budget * 1000))}")
-            driver.execute("BEGIN IMMEDIATE")
-            yield driver
-            driver.execute("COMMIT")
-            if shortened:
-                driver.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-        except BaseException:
-            self.close()  # closing a connection inside a transaction rolls it back
-            raise
+        return budget if budget < self.busy_timeout - BOUND_TOLERANCE_SECONDS else None
 
     def wait_mirrored(self, timeout: float | None = None) -> bool:
         """Wait until every record committed so far has its JSONL line and markdown file."""
@@ -275,10 +223,7 @@ class Writer:
 
     def close(self) -> None:
         """Give the writer's connection back (before the engine is disposed)."""
-        if self._connection is not None:
-            with contextlib.suppress(Exception):
-                self._connection.close()
-            self._connection = None
+        self.transactions.close()
 
     # -- receipts -------------------------------------------------------------------------
 
@@ -286,8 +231,10 @@ class Writer:
         sink_ids: dict[str, str] = {}
         if item.duplicate:
             try:
-                rows = self.storage.deliveries.deliveries_for([item.record.key]).get(
-                    item.record.key, []
+                rows = (
+                    self.storage()
+                    .deliveries.deliveries_for([item.record.key])
+                    .get(item.record.key, [])
                 )
             except Exception:  # the write itself stands; only the extra detail is missing
                 rows = []
