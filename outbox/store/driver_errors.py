@@ -21,10 +21,17 @@ passes in, so ``core`` never imports ``store``. Errors that are not the database
 from __future__ import annotations
 
 import errno
+import sqlite3
 from collections.abc import Iterator
 from enum import StrEnum
 
+from outbox.core.errors import DatabaseTimeout, MirrorBusy
 from outbox.core.states import FallbackReason
+
+# What makes a write go to the fallback file instead of failing, short of SQLAlchemy's own
+# errors (``store/engine.py`` adds those: ``UNAVAILABLE``). ``sqlite3.Error``: the SQLite write
+# path runs its statements on the bare driver, outside SQLAlchemy's wrapping.
+UNAVAILABLE_BARE = (sqlite3.Error, OSError, MirrorBusy, DatabaseTimeout)
 
 
 class CodeKind(StrEnum):

@@ -19,8 +19,8 @@ from sqlalchemy.exc import DBAPIError
 
 from outbox.core.config import Settings
 from outbox.core.folders import ensure_private_dir
+from outbox.store.driver_errors import UNAVAILABLE_BARE
 from outbox.store.sqlite_writes import apply_discipline, sqlite_url
-from outbox.write.fallback import UNAVAILABLE_BARE
 
 # What makes a write go to the fallback file instead of failing, SQLAlchemy's errors included.
 UNAVAILABLE = (DBAPIError, *UNAVAILABLE_BARE)

@@ -29,12 +29,13 @@ from outbox.core.record import Record
 from outbox.core.safe_files import check_store
 from outbox.core.states import MirrorEvent
 from outbox.mirror.mirrors import Mirrors
+from outbox.store.driver_errors import UNAVAILABLE_BARE
 from outbox.store.on_demand import StorageOnDemand
 from outbox.store.sqlite_writes import connect_writer, sqlite_file
 from outbox.store.steady import SteadyCheck
 from outbox.store.transactions import transactions_for
 from outbox.write.durable import commit_or_fallback
-from outbox.write.fallback import UNAVAILABLE_BARE, FallbackQueue
+from outbox.write.fallback import FallbackQueue
 from outbox.write.writer import Writer
 
 if TYPE_CHECKING:

@@ -14,7 +14,6 @@ import errno
 import fcntl
 import logging
 import os
-import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,11 +28,6 @@ from outbox.mirror.matter import initial
 from outbox.store.driver_errors import reason_of
 
 log = logging.getLogger(__name__)
-
-# What makes a write go to the fallback file instead of failing, short of SQLAlchemy's own
-# errors (``store/engine.py`` adds those: ``UNAVAILABLE``). ``sqlite3.Error``: the SQLite write
-# path runs its statements on the bare driver, outside SQLAlchemy's wrapping.
-UNAVAILABLE_BARE = (sqlite3.Error, OSError, MirrorBusy, DatabaseTimeout)
 
 
 def failure_reason(exc: BaseException) -> FallbackReason:
