@@ -267,7 +267,7 @@ class Outbox:
         return Reindexer(self.storage, self.settings, options.pop("batch", 256)).run(**options)
 
     def forget(self, prefix: str) -> ForgetReceipt:
-        """Remove a record everywhere (``forgetting.py``); its database purge follows later."""
+        """Remove a record everywhere (``operations/forget.py``); the database purge follows."""
         return self.forgetter.forget(prefix)
 
     def wait_delivered(self, key: str, sink: str | None = None, timeout: float = 30.0) -> Receipt:

@@ -1,7 +1,7 @@
 """A write's one decision: commit, or, when the database cannot take it in time, the
 fallback file, which is then the durable copy.
 
-Shared by the outbox (``api.py``) and ``outbox add``'s direct write (``direct_add.py``), and
+Shared by the outbox (``api.py``) and ``outbox add``'s direct write (``write/direct.py``), and
 free of SQLAlchemy like the rest of the SQLite write path. Only a validation error (raised
 before this point) or StoreFailed (both paths failed) leaves a write; anything else the
 database raises becomes a fallback.
