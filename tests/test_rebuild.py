@@ -267,6 +267,28 @@ def test_a_rebuild_killed_mid_way_goes_on_when_run_again(settings: Settings) -> 
     assert _state(settings) == before
 
 
+def test_a_second_rebuild_is_refused_while_the_first_runs(settings: Settings) -> None:
+    """Two rebuilds of one store would insert and mirror the same records side by side: while
+    the first (here stopped mid-run) holds the rebuild lock, a second process is refused at
+    once with one line, and the first, let go on, finishes as if alone."""
+    _bulk_store(settings, 6000)
+    before = _state(settings)
+    _lose(settings)
+    first = _rebuild_until_restoring(settings)
+    first.send_signal(signal.SIGSTOP)
+    try:
+        # Refused at once; without the lock it would wait on the stopped run's mirror lock.
+        second = run_cli(["rebuild"], cwd=settings.home.parent, env=_env(settings), timeout=60)
+    finally:
+        first.send_signal(signal.SIGCONT)
+    assert first.wait(timeout=120) == 0
+    assert second.returncode == 1
+    (line,) = second.stderr.decode("utf-8").splitlines()
+    assert "another outbox rebuild of this store is running" in line
+    assert _cli(settings, "verify").returncode == 0
+    assert _state(settings) == before
+
+
 def test_a_write_during_a_rebuild_falls_back_and_comes_in_after(settings: Settings) -> None:
     """The rebuild holds the mirror lock (here: stopped while holding it), so a write goes
     to the fallback queue within its bound, and the first open after the rebuild imports it."""

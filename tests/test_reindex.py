@@ -185,12 +185,9 @@ def _embedded(log: Path) -> int:
     return sum(int(line) for line in log.read_text().split()) if log.exists() else 0
 
 
-def test_a_killed_reindex_resumes_without_embedding_again(tmp_path: Path) -> None:
-    settings = _settings(tmp_path, "hashing")
-    total, batch = 400, 20
-    keys = _filled(settings, total)
-    log = tmp_path / "embedded.log"
-    env = {
+def _command_env(settings: Settings) -> dict[str, str]:
+    """The environment of an ``outbox reindex`` process on ``settings``' store, to COUNTING."""
+    return {
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "OUTBOX_HOME": str(settings.home),
@@ -200,8 +197,50 @@ def test_a_killed_reindex_resumes_without_embedding_again(tmp_path: Path) -> Non
         "OUTBOX_CHROMA_MODE": "embedded",
         "OUTBOX_CHROMA_COLLECTION": BASE,
         "OUTBOX_EMBEDDING": COUNTING,
-        "OUTBOX_TEST_EMBED_LOG": str(log),
     }
+
+
+def test_a_second_reindex_is_refused_while_the_first_runs(tmp_path: Path) -> None:
+    """Two reindexes of one collection would fill the same new collection and race to switch:
+    while the first (here paused after its first batch) holds the collection's reindex lock,
+    a second process is refused at once with one line, and the first finishes alone."""
+    settings = _settings(tmp_path, "hashing")
+    keys = _filled(settings, 40)
+    pauses = _Pauses()
+    pauses.hold(10)
+    result: list[ReindexReport] = []
+    with Outbox.open(replace(settings, embedding=COUNTING)) as ob:
+        worker = threading.Thread(
+            target=lambda: result.append(ob.reindex(progress=pauses, batch=10))
+        )
+        worker.start()
+        try:
+            assert pauses.paused.wait(120)
+            second = subprocess.run(
+                [sys.executable, "-m", "outbox", "reindex"],
+                env=_command_env(settings),
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+        finally:
+            pauses.resume.set()
+            worker.join(120)
+    assert second.returncode == 1
+    (line,) = second.stderr.splitlines()
+    lock = settings.home / f"reindex-{BASE}.lock"
+    assert f"another `outbox reindex` of {BASE!r} is running (it holds {lock})" in line
+    (report,) = result
+    assert report.status == "done"
+    assert _collections(settings) == {f"{BASE}.v1": keys}
+
+
+def test_a_killed_reindex_resumes_without_embedding_again(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, "hashing")
+    total, batch = 400, 20
+    keys = _filled(settings, total)
+    log = tmp_path / "embedded.log"
+    env = {**_command_env(settings), "OUTBOX_TEST_EMBED_LOG": str(log)}
     command = [sys.executable, "-m", "outbox", "reindex", "--batch", str(batch), "--json"]
     first = subprocess.Popen(
         command, env={**env, "OUTBOX_TEST_EMBED_DELAY": "0.05"}, stdout=subprocess.DEVNULL

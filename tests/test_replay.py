@@ -240,6 +240,20 @@ def test_more_than_100_pending_files_need_a_budget(settings: Settings, tmp_path:
     assert verified.returncode == 0, verified.stdout
 
 
+def test_replay_shows_the_long_commands_progress_line(settings: Settings, tmp_path: Path) -> None:
+    """Off a terminal, replay's bar is a plain line on stderr, as rebuild's and reindex's are
+    (the shared progress line); stdout keeps only the report, and --json shows no bar."""
+    folder = tmp_path / "old-session"
+    folder.mkdir()
+    for number in range(3):
+        text = SEED_FILE.format(importance=5, day=1, hour=number, minute=0, number=number)
+        (folder / f"2026-02-01-legacy-{number:03d}.md").write_text(text, encoding="utf-8")
+    done = run_cli(["replay", str(folder)], cwd=settings.home.parent, env=_env(settings))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.decode("utf-8").splitlines() == [f"replay [{'#' * 30}] 3/3"]
+    assert done.stdout.decode("utf-8").startswith("3 imported, 0 already in the outbox")
+
+
 def test_a_fallback_file_the_open_cannot_import_is_logged_by_digest(settings: Settings) -> None:
     """The import every open makes logs a file it skips by its name's digest: the name itself
     holds the memory's first words."""

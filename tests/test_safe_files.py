@@ -44,6 +44,26 @@ def test_a_symlinked_store_file_is_refused_and_its_target_untouched(
     assert not (tmp_path / "md").exists() or not any((tmp_path / "md").iterdir())
 
 
+@pytest.mark.parametrize(
+    ("command", "name"), [("rebuild", "rebuild.lock"), ("reindex", "reindex-agent-memory.lock")]
+)
+def test_a_symlinked_lock_is_refused_and_its_target_untouched(
+    command: str, name: str, tmp_path: Path, env: dict[str, str]
+) -> None:
+    """The one-shot locks of the long commands: refused before they are taken (so before
+    anything else the command would do), in one line naming the lock."""
+    first_write(tmp_path, env)
+    target = tmp_path / "someone-elses-file.txt"
+    target.write_bytes(b"precious text without a final newline")
+    (tmp_path / ".outbox" / name).symlink_to(target)
+
+    result = run_cli([command], cwd=tmp_path, env={**env, "OUTBOX_SINKS": "chroma"})
+    assert result.returncode == 1
+    line = result.stderr.decode()
+    assert "symbolic link" in line and name in line and line.count("\n") == 1
+    assert target.read_bytes() == b"precious text without a final newline"
+
+
 def test_a_home_others_can_write_is_refused(tmp_path: Path, env: dict[str, str]) -> None:
     home = tmp_path / ".outbox"
     home.mkdir()

@@ -16,11 +16,9 @@ mirror lock throughout: writes meanwhile go to the fallback queue, imported afte
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import make_url
 
 from outbox.core.errors import OutboxError
+from outbox.core.file_lock import exclusive
 from outbox.core.folders import ensure_private_dir
 from outbox.core.keys import canonical_timestamp
 from outbox.core.safe_files import check_store, open_file
@@ -91,18 +90,14 @@ def _where(settings: Settings, database: Path | None) -> str:
     return make_url(settings.db_url).render_as_string(hide_password=True)
 
 
-@contextlib.contextmanager
-def _only_rebuild(home: Path) -> Iterator[None]:
-    """One rebuild of a store at a time (an ``flock`` in its home)."""
-    fd = open_file(home / LOCK_NAME, os.O_RDWR | os.O_CREAT, what="rebuild lock")
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RebuildRefused("another outbox rebuild of this store is running") from None
-        yield
-    finally:
-        os.close(fd)
+def _only_rebuild(home: Path) -> contextlib.AbstractContextManager[None]:
+    """One rebuild of a store at a time (a lock file in its home); a second one is refused
+    at once rather than queued behind a run that may take minutes."""
+    return exclusive(
+        home / LOCK_NAME,
+        "rebuild lock",
+        lambda: RebuildRefused("another outbox rebuild of this store is running"),
+    )
 
 
 class _Marker:

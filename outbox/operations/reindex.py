@@ -20,13 +20,11 @@ chromadb and the models load only in ``Reindexer.run``.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import itertools
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -35,7 +33,7 @@ from sqlalchemy import func, select
 
 from outbox.core.config import Settings
 from outbox.core.errors import ConfigError, OutboxError
-from outbox.core.folders import ensure_private_dir
+from outbox.core.file_lock import exclusive
 from outbox.sinks.chroma_index import ActiveIndex, IndexPointer, read_json, write_json_atomically
 from outbox.store.rows import StoredRecord, row_to_record
 from outbox.store.schema import records
@@ -352,19 +350,14 @@ class Reindexer:
         with self.storage.reader.connect() as conn:
             return int(conn.execute(query).scalar_one())
 
-    @contextlib.contextmanager
-    def _only_run(self) -> Iterator[None]:
-        """One reindex of a collection at a time, across processes."""
-        ensure_private_dir(self.settings.home)
+    def _only_run(self) -> contextlib.AbstractContextManager[None]:
+        """One reindex of a collection at a time, across processes; a second is refused at
+        once (it would only re-embed what the first is embedding)."""
         path = self.settings.home / f"reindex-{self.base}.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise OutboxError(
-                    f"another `outbox reindex` of {self.base!r} is running (it holds {path})"
-                ) from None
-            yield
-        finally:
-            os.close(fd)
+        return exclusive(
+            path,
+            "reindex lock",
+            lambda: OutboxError(
+                f"another `outbox reindex` of {self.base!r} is running (it holds {path})"
+            ),
+        )

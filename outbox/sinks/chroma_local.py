@@ -4,14 +4,18 @@ chromadb's Rust bindings keep the GIL while a client start, an upsert or a count
 SQLite lock: with another process holding ``BEGIN EXCLUSIVE`` on chroma.sqlite3, every Python
 thread of the process stops for the whole hold, the dispatcher's timeout and the caller's own
 writes included (measured; only ``get`` lets go). So a child owns the ``PersistentClient``
-and this process waits on a pipe, which a timeout can bound.
+and this process waits on a ``multiprocessing.connection`` pair (a socketpair only the two
+ends hold: nothing to authenticate), whose ``poll`` a timeout can bound.
 
 Used only when ``OUTBOX_CHROMA_MODE=embedded``; by default every process shares one server
-(``chroma_service``). There is one child per store folder per process, shared by every sink on
-that folder, and a lock file keeps the children of other processes and the shared server out:
-two processes writing one folder corrupt it (docs/research/chroma.md). A call that times out
-is not cancelled; the child finishes it and its answer is read and dropped before the next
-request.
+(``chroma_service``). The mode stays because the shared server does not cover every case: it
+needs the ``chroma`` command and a loopback port, and it outlives the process that started
+it, while a single process (a script, a sandbox without listening sockets, the test suite)
+may want the folder opened inside it and nothing left running after it exits. There is one
+child per store folder per process, shared by every sink on that folder, and a lock file
+keeps the children of other processes and the shared server out: two processes writing one
+folder corrupt it (docs/research/chroma.md). A call that times out is not cancelled; the
+child finishes it and its answer is read and dropped before the next request.
 """
 
 from __future__ import annotations
@@ -20,23 +24,22 @@ import contextlib
 import fcntl
 import os
 import pickle
-import select
-import struct
 import subprocess
 import sys
 import threading
 import time
+from multiprocessing.connection import Connection, Pipe
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import outbox
 from outbox.core.errors import OutboxError
+from outbox.core.folders import ensure_private_dir
 from outbox.core.states import FailureReason
 from outbox.sinks.base import Transient
 
 OWNER_LOCK = "outbox-owner.lock"
 OPS = frozenset({"open", "upsert", "query", "count", "drop", "delete"})
-_HEADER = struct.Struct("!Q")
 # The sink's own bound comes a little after the dispatcher's, which normally fires first.
 _GRACE = 1.0
 # Starting a child (Python, then chromadb's import) may take seconds on a busy machine; it is
@@ -63,11 +66,6 @@ class StoreOwned(Transient, OutboxError):
         super().__init__(message, FailureReason.DB_BUSY)
 
 
-def _frame(value: object) -> bytes:
-    body = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(body)) + body
-
-
 class _Child:
     """The child process of one store folder, and the one-at-a-time conversation with it."""
 
@@ -76,86 +74,78 @@ class _Child:
         self.users = 0
         self.lock = threading.Lock()
         self.process: subprocess.Popen[bytes] | None = None
-        self.buffer = bytearray()
+        self.conn: Connection | None = None
         self.unanswered = 0
         self.starting = False
 
-    def running(self) -> subprocess.Popen[bytes]:
-        if self.process is not None and self.process.poll() is None:
-            return self.process
+    def running(self) -> tuple[subprocess.Popen[bytes], Connection]:
+        if self.process is not None and self.conn is not None and self.process.poll() is None:
+            return self.process, self.conn
         self.forget()
         root = str(Path(outbox.__file__).resolve().parent.parent)
         path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "outbox.sinks.chroma_local", str(self.path)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            bufsize=0,
-            env={**os.environ, "PYTHONPATH": path},
-            start_new_session=True,  # a Ctrl-C meant for us must not kill it mid-write
-        )
+        ours, theirs = Pipe()
+        command = [sys.executable, "-m", "outbox.sinks.chroma_local", str(self.path)]
+        try:
+            self.process = subprocess.Popen(
+                [*command, str(theirs.fileno())],
+                stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),  # its end, and no other process's
+                env={**os.environ, "PYTHONPATH": path},
+                start_new_session=True,  # a Ctrl-C meant for us must not kill it mid-write
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()  # the child's copy is its own: its exit is our end of input
+        self.conn = ours
         self.unanswered, self.starting = 1, True  # it says "ready" once chromadb is imported
-        return self.process
+        return self.process, self.conn
 
     def forget(self) -> None:
-        """Drop a dead child and whatever it left half-said."""
+        """Drop a dead child and whatever it left unanswered."""
         if self.process is not None:
             self.stop(0.0)
-        self.buffer.clear()
         self.unanswered, self.starting = 0, False
 
     def request(self, timeout: float, op: str, args: tuple[Any, ...]) -> Any:
         if not self.lock.acquire(timeout=max(timeout, 0.0)):
             raise ChromaStalled(f"the embedded Chroma at {self.path} is still busy")
         try:
-            process = self.running()
+            process, conn = self.running()
             if self.starting:
-                self._reply(process, time.monotonic() + _STARTUP)
+                self._reply(process, conn, time.monotonic() + _STARTUP)
                 self.starting = False
             deadline = time.monotonic() + timeout
             while self.unanswered:  # answers to calls whose caller gave up: drop them
-                self._reply(process, deadline)
-            self._send(process, _frame((op, args)))
-            status, value = self._reply(process, deadline)
+                self._reply(process, conn, deadline)
+            try:
+                conn.send((op, args))
+            except OSError:  # a broken pipe or a reset: it is gone
+                self._gone(process)
+            self.unanswered += 1
+            status, value = self._reply(process, conn, deadline)
         finally:
             self.lock.release()
         if status == "error":
             raise value
         return value
 
-    def _send(self, process: subprocess.Popen[bytes], data: bytes) -> None:
-        assert process.stdin is not None
-        view = memoryview(data)
+    def _reply(
+        self, process: subprocess.Popen[bytes], conn: Connection, deadline: float
+    ) -> tuple[str, Any]:
+        # The child sends each answer whole, so once the first byte is there recv is quick.
+        if not conn.poll(max(deadline - time.monotonic(), 0.0)):
+            raise ChromaStalled(f"the embedded Chroma at {self.path} did not answer in time")
         try:
-            while view:
-                view = view[os.write(process.stdin.fileno(), view) :]
-        except BrokenPipeError:
+            reply: tuple[str, Any] = conn.recv()
+        except (EOFError, OSError):
             self._gone(process)
-        self.unanswered += 1
+        self.unanswered -= 1
+        return reply
 
-    def _reply(self, process: subprocess.Popen[bytes], deadline: float) -> tuple[str, Any]:
-        assert process.stdout is not None
-        fd = process.stdout.fileno()
-        while True:
-            if len(self.buffer) >= _HEADER.size:
-                (size,) = _HEADER.unpack_from(self.buffer)
-                end = _HEADER.size + size
-                if len(self.buffer) >= end:
-                    body = bytes(self.buffer[_HEADER.size : end])
-                    del self.buffer[:end]
-                    self.unanswered -= 1
-                    reply: tuple[str, Any] = pickle.loads(body)
-                    return reply
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise ChromaStalled(f"the embedded Chroma at {self.path} did not answer in time")
-            if select.select([fd], [], [], remaining)[0]:
-                chunk = os.read(fd, 1 << 20)
-                if not chunk:
-                    self._gone(process)
-                self.buffer += chunk
-
-    def _gone(self, process: subprocess.Popen[bytes]) -> None:
+    def _gone(self, process: subprocess.Popen[bytes]) -> NoReturn:
         code = process.poll()
         self.forget()
         raise ChromaChildGone(
@@ -165,11 +155,11 @@ class _Child:
     def stop(self, wait: float = _EXIT_WAIT) -> None:
         """End of input lets the child close its client and exit; kill it if it cannot."""
         process, self.process = self.process, None
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.close()
         if process is None:
             return
-        for stream in (process.stdin, process.stdout):
-            if stream is not None:
-                stream.close()
         try:
             process.wait(wait)
         except subprocess.TimeoutExpired:
@@ -227,7 +217,7 @@ class _Ownership:
     def ensure(self) -> None:
         if self.handle is not None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        ensure_private_dir(self.path.parent)  # owner-only, as the shared server makes it
         handle = self.path.open("a+", encoding="utf-8")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -247,11 +237,6 @@ class _Ownership:
         self.handle = handle
 
 
-def _read_exactly(stream: IO[bytes], size: int) -> bytes | None:
-    data = stream.read(size)
-    return data if data is not None and len(data) == size else None
-
-
 def _portable(exc: Exception) -> Exception:
     """The exception itself when it survives pickling (the sink classifies it by class)."""
     try:
@@ -261,21 +246,20 @@ def _portable(exc: Exception) -> Exception:
     return exc
 
 
-def serve(path: Path, requests: IO[bytes], replies: IO[bytes]) -> None:
-    """Answer framed ``(op, args)`` requests until the parent closes our input."""
+def serve(path: Path, conn: Connection) -> None:
+    """Answer ``(op, args)`` requests until the parent closes its end."""
     import chromadb
 
     from outbox.sinks.chroma_client import CollectionOps
 
     ownership = _Ownership(path)
     ops: CollectionOps | None = None
-    replies.write(_frame(_READY))
-    replies.flush()
-    while (header := _read_exactly(requests, _HEADER.size)) is not None:
-        body = _read_exactly(requests, _HEADER.unpack(header)[0])
-        if body is None:
+    conn.send(_READY)
+    while True:
+        try:
+            op, args = conn.recv()
+        except EOFError:
             break
-        op, args = pickle.loads(body)
         try:
             if op not in OPS:
                 raise RuntimeError(f"unknown operation {op!r}")
@@ -285,17 +269,16 @@ def serve(path: Path, requests: IO[bytes], replies: IO[bytes]) -> None:
             reply: tuple[str, Any] = ("ok", getattr(ops, op)(*args))
         except Exception as exc:
             reply = ("error", _portable(exc))
-        replies.write(_frame(reply))
-        replies.flush()
+        conn.send(reply)
     if ops is not None:
         ops.close()
 
 
 def main() -> None:
-    replies = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # a stray print from a library lands on stderr, not in the replies
-    with contextlib.suppress(BrokenPipeError):  # the parent went away mid-reply
-        serve(Path(sys.argv[1]), sys.stdin.buffer, replies)
+    os.dup2(2, 1)  # a stray print from a library lands on stderr, not the parent's output
+    conn = Connection(int(sys.argv[2]))
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the parent went away
+        serve(Path(sys.argv[1]), conn)
 
 
 if __name__ == "__main__":

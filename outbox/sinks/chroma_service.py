@@ -7,7 +7,8 @@ find it through a state file. It lives on when its starter dies. Files in the st
 
 * ``outbox-server.json``: the server's port and process ids, replaced atomically;
 * ``outbox-server.log``: the server's output and its supervisor's own lines;
-* ``outbox-start.lock``: flock, one process at a time checks, starts or restarts the server;
+* ``outbox-start.lock``: one process at a time checks, starts or restarts the server (taken
+  with ``core/file_lock``; the supervisor holds it with a plain flock while it stops idle);
 * ``outbox-owner.lock``: flock held by the server for its whole life (an embedded child takes
   the same one, so the two modes never open one folder together);
 * ``outbox-users.lock``: a shared flock per process using the server; with none left for
@@ -37,6 +38,8 @@ from typing import IO, Any
 
 import outbox
 from outbox.core.errors import OutboxError
+from outbox.core.file_lock import exclusive
+from outbox.core.folders import ensure_private_dir
 from outbox.core.states import FailureReason
 from outbox.sinks.base import Transient
 from outbox.sinks.chroma_client import ServerBackend, chroma_failure
@@ -164,12 +167,19 @@ class SharedServer:
 
     def endpoint(self) -> ServerState:
         """A running, answering server: found, or started (once, under the start lock)."""
-        self.folder.mkdir(parents=True, exist_ok=True)
+        ensure_private_dir(self.folder)
         state = read_state(self.folder)
         if state is not None and answers(state) and owner_of(self.folder):
             return state
-        with (self.folder / START_LOCK).open("a+", encoding="utf-8") as lock:
-            wait_flock(lock, fcntl.LOCK_EX, 2 * STARTUP + 30, "the Chroma server's start lock")
+        lock, bound = self.folder / START_LOCK, 2 * STARTUP + 30
+        with exclusive(
+            lock,
+            "Chroma server's start lock",
+            lambda: ChromaServerDown(
+                f"the Chroma server's start lock stayed locked for {bound:g} s: {lock}"
+            ),
+            wait=bound,
+        ):
             return self._start_or_wait()
 
     def _start_or_wait(self) -> ServerState:
@@ -265,7 +275,7 @@ class _Users:
         with self.lock:
             handle, count = self.held.get(folder, (None, 0))
             if handle is None:
-                folder.mkdir(parents=True, exist_ok=True)
+                ensure_private_dir(folder)
                 handle = (folder / USERS_LOCK).open("a+", encoding="utf-8")
                 try:  # held exclusively only while an idle server shuts down
                     wait_flock(handle, fcntl.LOCK_SH, STARTUP, "the Chroma server's users lock")

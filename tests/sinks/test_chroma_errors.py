@@ -5,6 +5,8 @@ embedded store. Each comes out of the sink already classified, as the dispatcher
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -25,7 +27,7 @@ from outbox.dispatch.classify import Failure, classify
 from outbox.sinks.base import Delivered, Permanent, Rejected, Transient
 from outbox.sinks.chroma import ChromaSink, EmbeddingMismatch
 from outbox.sinks.chroma_client import chroma_failure, parse_chroma_url
-from outbox.sinks.chroma_local import OWNER_LOCK, ChromaStalled, StoreOwned
+from outbox.sinks.chroma_local import OWNER_LOCK, ChromaChildGone, ChromaStalled, StoreOwned
 from outbox.sinks.embedding import HashingEmbedding
 from tests.chroma_server import ChromaServer, free_port
 from tests.sinks.chroma_support import INVISIBLE, chroma_settings, exclusive_lock, open_client
@@ -219,6 +221,46 @@ def test_locked_embedded_store_times_out_without_freezing_us(tmp_path: Path) -> 
         assert classified(stalled.value) == ("timeout", True)
         assert sink.deliver([second]) == [Delivered(second.key)]  # the stale answer is dropped
         assert sink.count() == 2
+    finally:
+        sink.close()
+
+
+def _serving(folder: Path) -> list[int]:
+    """The process ids of embedded Chroma children serving ``folder``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # not a process, or gone meanwhile
+            continue
+        if b"outbox.sinks.chroma_local" in argv and str(folder).encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def test_an_embedded_child_that_dies_mid_call_is_noticed_at_once_and_replaced(
+    tmp_path: Path,
+) -> None:
+    """The child's end of the connection closes with it: the call waiting on it fails at
+    once as retryable (not at its timeout), and the next call starts a new child."""
+    settings = chroma_settings(tmp_path, sink_timeout=30.0)
+    first, second = (build_record(f"memory {i} for the child that dies") for i in range(2))
+    sink = ChromaSink.from_settings(settings)
+    try:
+        assert sink.deliver([first]) == [Delivered(first.key)]
+        (child,) = _serving(settings.chroma_path)
+        with exclusive_lock(settings.chroma_path / "chroma.sqlite3"):
+            killer = threading.Timer(1.0, os.kill, (child, signal.SIGKILL))
+            killer.start()
+            started = time.monotonic()
+            with pytest.raises(ChromaChildGone) as gone:
+                sink.deliver([second])
+            assert time.monotonic() - started < 15
+            killer.join()
+        assert classified(gone.value) == ("unknown", True)
+        assert sink.deliver([second]) == [Delivered(second.key)]
+        assert sink.count() == 2
+        assert _serving(settings.chroma_path) not in ([], [child])
     finally:
         sink.close()
 

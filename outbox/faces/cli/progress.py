@@ -1,4 +1,4 @@
-"""A progress line on standard error for the long commands (``rebuild``, ``reindex``).
+"""A progress line on standard error for the long commands (``rebuild``, ``reindex``, ``replay``).
 
 On a terminal it is one line, rewritten in place; anywhere else (a log file, CI) it is a
 plain line every few seconds, so the log keeps a readable history without a line per item.

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from outbox.core.errors import ValidationError
 from outbox.faces.cli.common import EXIT_FAILED, EXIT_OK, AddCommand, emit, open_outbox
+from outbox.faces.cli.progress import StatusLine
 
 if TYPE_CHECKING:
     from outbox.api import Outbox
@@ -111,10 +112,10 @@ def _repair_skipped(exc: Exception) -> None:
 def cmd_replay(args: argparse.Namespace) -> int:
     with open_outbox(create=True) as ob:
         folder = Path(args.dir) if args.dir else ob.markdown_dir
-        bar = None if args.json or not sys.stderr.isatty() else _replay_bar
+        bar = None if args.json else _ReplayBar()
         report = ob.replay(folder, budget=args.budget, progress=bar)
         if bar:
-            sys.stderr.write("\n")
+            bar.line.finish()
     lines = [
         f"{len(report.imported)} imported, {len(report.already)} already in the outbox, "
         f"{len(report.skipped)} skipped, {report.not_reached} left for a later run"
@@ -127,10 +128,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
-def _replay_bar(done: int, total: int) -> None:
-    share = done / total if total else 1.0
-    sys.stderr.write(f"\rreplay [{'#' * int(share * 30):<30}] {done}/{total}")
-    sys.stderr.flush()
+class _ReplayBar:
+    """Files imported out of all, as a bar on the long commands' shared progress line."""
+
+    def __init__(self) -> None:
+        self.line = StatusLine()
+
+    def __call__(self, done: int, total: int) -> None:
+        share = done / total if total else 1.0
+        text = f"replay [{'#' * int(share * 30):<30}] {done}/{total}"
+        self.line.show(text, always=done >= total)
 
 
 def register_add(command: AddCommand) -> None:
