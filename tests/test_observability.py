@@ -17,10 +17,22 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from outbox import Outbox, Settings
+from outbox.core.states import FallbackReason
 from outbox.faces.cli.status import status_text
+from outbox.faces.metrics import (
+    FAILURE_REASONS,
+    FALLBACK_REASONS,
+    OTHER,
+    OUTCOMES,
+    closed_label,
+    sink_labels,
+)
+from outbox.mirror import markdown
 from outbox.testing.sinks import FaultySink
 from tests.conftest import FAULTY
 from tests.helpers.faults import held_write_lock
@@ -315,6 +327,50 @@ def test_a_write_the_database_refused_is_counted_once_by_its_reason(
     assert after["outbox_fallback_waiting{}"] == 0.0
     assert after["outbox_writes_total{reason=db_busy,status=fallback}"] == 1.0
     assert after.get("outbox_writes_total{reason=,status=queued}", 0.0) == 0.0
+
+
+def test_a_fallback_files_free_text_reason_is_counted_as_other_never_shown(
+    env: dict[str, str], tmp_path: Path, daemon: tuple[subprocess.Popen[bytes], int]
+) -> None:
+    """A fallback file's front matter is text anyone with the folder can edit: whatever its
+    ``reason`` says (secret words, a newline, quotes, braces), the scrape shows none of it and
+    counts the file under ``other``."""
+    _process, port = daemon
+    _scrape_when_ready(port)
+    db = Path(env["OUTBOX_HOME"]) / "outbox.db"
+    reason = 'SECRET-label-words "quoted" {x="y"}\nsecond line of the SECRET'
+    with held_write_lock(db):
+        done = run_cli(
+            ["add", "--json", "a memory with an edited reason"],
+            cwd=tmp_path,
+            env={**env, "OUTBOX_BUSY_TIMEOUT": "0.2"},
+        )
+        assert done.returncode == 0, done.stderr.decode()
+        path = Path(json.loads(done.stdout)["markdown_path"])
+        markdown.update_front_matter(path, {"reason": reason})
+        assert markdown.read(path)[0]["reason"] == reason
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+        scraped = _scrape(port)
+    assert "SECRET" not in text
+    assert "quoted" not in text
+    assert scraped["outbox_fallback_waiting_by_reason{reason=other}"] == 1.0
+    assert scraped["outbox_writes_total{reason=other,status=fallback}"] == 1.0
+    assert not any("SECRET" in sample for sample in scraped)
+
+
+@given(st.text(), st.lists(st.text(), max_size=3))
+def test_every_label_value_is_from_its_closed_set(value: str, configured: list[str]) -> None:
+    """Pure: whatever text reaches a label, the value is one of the label's own words."""
+    assert closed_label(value, FALLBACK_REASONS) in FALLBACK_REASONS | {OTHER}
+    assert closed_label(value, FAILURE_REASONS) in FAILURE_REASONS | {OTHER}
+    assert closed_label(value, OUTCOMES) in OUTCOMES | {OTHER}
+    sinks = sink_labels(configured)
+    assert closed_label(value, sinks) in sinks | {OTHER}
+    assert sinks >= {"chroma", "brainlayer", *configured}
+    assert closed_label("db_busy", FALLBACK_REASONS) == "db_busy"
+    assert closed_label(FallbackReason.DISK_FULL, FALLBACK_REASONS) == "disk_full"
+    assert closed_label(value, frozenset()) == OTHER
 
 
 def test_a_metrics_port_in_use_is_an_error_naming_it(env: dict[str, str], tmp_path: Path) -> None:

@@ -12,8 +12,11 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from outbox import Outbox
+from outbox.faces.ui.access import local_path
 from tests.helpers.subproc import child_env, run_cli
 from tests.ui_browser import UiServer, start_ui, stop_ui, ui_fixture, ui_settings  # noqa: F401
 
@@ -106,6 +109,59 @@ def test_a_request_without_the_token_changes_nothing(
     )
     assert status == 303 and "Retried+1+dead+letter" in headers["location"]
     assert states(ui, dead) == ["pending"]
+
+
+def _same_origin_path(location: str) -> bool:
+    """A Location a browser can only read as a path on this server: one ``/``, then neither
+    another slash nor a backslash (which browsers read as a slash), nor a scheme."""
+    return re.fullmatch(r"/(?![/\\])[^\s\\]*", location) is not None
+
+
+def test_no_redirect_leaves_the_dashboards_origin(
+    ui: UiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The token visit redirects to the path without the token: a path that starts like a
+    scheme-relative URL (``//host``, ``/\\host``, ``%2F%2Fhost``) or an absolute-form target
+    must still come back as a path on this server, without the token."""
+    assert _same_origin_path("/memories?tag=x")
+    assert not _same_origin_path("//evil.example/")
+    assert not _same_origin_path("/\\evil.example")
+    targets = [
+        f"//evil.example/?token={ui.token}",
+        f"//evil.example?token={ui.token}&tag=x",
+        f"///evil.example/?token={ui.token}",
+        f"/\\evil.example?token={ui.token}",
+        f"/\\/evil.example?token={ui.token}",
+        f"/%2F%2Fevil.example?token={ui.token}",
+        f"/%5C%5Cevil.example?token={ui.token}",
+        f"/%09/evil.example?token={ui.token}",
+        f"https://evil.example/?token={ui.token}",
+        f"/https://evil.example/?token={ui.token}",
+    ]
+    for target in targets:
+        status, headers, _body = ui.request("GET", target)
+        assert status == 303, target
+        location = headers["location"]
+        assert _same_origin_path(location), (target, location)
+        assert ui.token not in location and "token=" not in location, (target, location)
+        assert headers["set-cookie"].startswith(f"outbox_ui_{ui.port}={ui.token};")
+    # The redirects after an action stay on the dashboard too.
+    make_dead_letter(ui, monkeypatch)
+    origin = f"http://127.0.0.1:{ui.port}"
+    body = urlencode({"all": "1", "csrf": form_token(ui), "sink": "//evil.example"})
+    status, headers, _text = ui.request(
+        "POST", "/dead/discard", body=body, headers={"Cookie": ui.cookie, "Origin": origin}
+    )
+    assert status == 303 and _same_origin_path(headers["location"]), headers["location"]
+
+
+@given(st.text())
+def test_a_redirect_target_is_always_a_local_path(target: str) -> None:
+    """Pure: whatever path a request names, the redirect goes to a path on this server."""
+    location = local_path(target)
+    assert location.startswith("/")
+    assert location[1:2] not in ("/", "\\") and not (location[1:2] or "a") <= " "
+    assert location.lstrip("/\\") in target
 
 
 def test_a_foreign_host_name_is_refused(ui: UiServer) -> None:

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from outbox.core.naming import is_markdown_name, key_prefix
 from outbox.core.states import FallbackReason
 
 
@@ -68,3 +74,40 @@ class StoreUnreadable(OutboxError):
             f"cannot {doing} the database {where} ({cause}); {hint}, or point OUTBOX_DB_URL "
             "(or OUTBOX_HOME) at the right store"
         )
+
+
+class RecordFileError(OutboxError, OSError):
+    """A record's markdown file could not be read, written or removed. The message names the
+    record by its key prefix and the file's folder, never the file: its name carries the
+    memory's first words. Still an ``OSError`` with the same errno, so a caller that handles
+    file trouble (repair at the next open, a warning) goes on doing so."""
+
+    def __init__(self, key: str, doing: str, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror or type(cause).__name__)
+        self.key = key
+        named = next((name for name in (cause.filename, cause.filename2) if name is not None), None)
+        where = f" in {Path(os.fsdecode(named)).parent}" if named is not None else ""
+        self.message = (
+            f"record {key_prefix(key)}: cannot {doing} its markdown file{where} ({self.strerror})"
+        )
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@contextlib.contextmanager
+def about_record(key: str, doing: str) -> Iterator[None]:
+    """Work on ``key``'s markdown file: an ``OSError`` met inside becomes a
+    ``RecordFileError`` naming the record. The cause is not chained, and its markdown file
+    names are cleared, so neither a traceback nor a caller reading ``__context__`` sees them."""
+    try:
+        yield
+    except RecordFileError:
+        raise
+    except OSError as exc:
+        error = RecordFileError(key, doing, exc)
+        if exc.filename is not None and is_markdown_name(exc.filename):
+            exc.filename = None
+        if exc.filename2 is not None and is_markdown_name(exc.filename2):
+            exc.filename2 = None
+        raise error from None

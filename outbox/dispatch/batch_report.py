@@ -14,9 +14,8 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from outbox.core.naming import key_prefix
 from outbox.dispatch.classify import Failure, shown_detail
-
-KEY_PREFIX = 12
 
 
 @dataclass
@@ -50,7 +49,7 @@ class BatchReport:
             self.retried += 1
         if self._first_failure is None:
             self._first_failure = (
-                key[:KEY_PREFIX],
+                key_prefix(key),
                 failure.reason,
                 type(exc).__name__,
                 shown_detail(exc),

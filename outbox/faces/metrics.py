@@ -16,6 +16,11 @@ Three feeds, each named in docs/operations.md:
   fsync) comes after and is recorded nowhere, so the series is a lower bound on ``add``'s
   latency; the benchmarks measure the whole call.
 
+Every label value comes from a closed set (the enums of ``core/states.py``, the sinks the
+owner configured, and the few words of this module); anything else, such as the free text of a
+fallback file's front matter or a third-party sink's reason, is counted under ``other``, so a
+scrape never carries what a file or an exception said.
+
 ``prometheus_client`` is imported here only, when a daemon is asked to serve; the endpoint
 listens on 127.0.0.1 only.
 """
@@ -26,12 +31,19 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 from outbox.core.errors import OutboxError
 from outbox.core.keys import parse_instant
-from outbox.core.states import UNDELIVERED, DeliveryState, ReceiptStatus
+from outbox.core.states import (
+    UNDELIVERED,
+    BuiltinSink,
+    DeliveryState,
+    FailureReason,
+    FallbackReason,
+    ReceiptStatus,
+)
 from outbox.store.heartbeats import ALIVE, GONE, STOPPED
 from outbox.write.fallback import FallbackQueue
 
@@ -52,8 +64,29 @@ ADD_SAMPLE_LIMIT_SECONDS = 60.0
 WRITES_PER_SCRAPE = 5000
 # The reason label of a waiting fallback file no scrape has read yet.
 UNREAD = "unread"
+# The one label value for anything outside a label's closed set.
+OTHER = "other"
+# The closed sets: a fallback file's reason (or not read yet), a sink's failure reason, and
+# what follows a failure.
+FALLBACK_REASONS = frozenset({*(reason.value for reason in FallbackReason), UNREAD})
+FAILURE_REASONS = frozenset(reason.value for reason in FailureReason)
+OUTCOMES = frozenset({"retry", "dead"})
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _DELIVERY_SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+
+
+def closed_label(value: object, allowed: Collection[str]) -> str:
+    """``value`` when it is one of ``allowed``, else ``other`` (pure): a label value never
+    repeats text the library did not choose itself."""
+    return str(value) if isinstance(value, str) and value in allowed else OTHER
+
+
+def sink_labels(configured: Iterable[str]) -> frozenset[str]:
+    """The sink names a label may carry: the built-in sinks and the ones the owner configured.
+    Settings accept only ``chroma``, ``brainlayer`` or a ``module:attr`` name, chosen by the
+    owner, so these are configuration, never memory text; a row's sink name read back from the
+    database is not on its own a label value."""
+    return frozenset({*(sink.value for sink in BuiltinSink), *configured})
 
 
 class DaemonMetrics:
@@ -63,6 +96,7 @@ class DaemonMetrics:
         from prometheus_client import CollectorRegistry, Counter, Histogram
 
         self.dispatcher = dispatcher
+        self.sinks = sink_labels(dispatcher.settings.sinks)
         self.registry: CollectorRegistry = CollectorRegistry(auto_describe=True)
         # Registered first: a scrape reads the database (and new writes) before the rest.
         self.registry.register(cast("Collector", _DatabaseCollector(self)))
@@ -126,11 +160,13 @@ class DaemonMetrics:
 
     def observe_batch(self, report: BatchReport) -> None:
         """Count one finished batch (the dispatcher's batch observer)."""
-        sink = report.sink
+        sink = closed_label(report.sink, self.sinks)
         self.deliveries.labels(sink).inc(report.delivered)
         self.deletes.labels(sink).inc(report.deleted)
         for (reason, outcome), count in report.failures.items():
-            self.failures.labels(sink, reason, outcome).inc(count)
+            self.failures.labels(
+                sink, closed_label(reason, FAILURE_REASONS), closed_label(outcome, OUTCOMES)
+            ).inc(count)
         self.batch_seconds.labels(sink).observe(report.seconds)
         for seconds in report.delivery_latencies:
             self.delivery_seconds.labels(sink).observe(seconds)
@@ -175,7 +211,7 @@ class DaemonMetrics:
                 reason = self._reasons.get(name)
                 if reason is None and budget > 0:
                     budget -= 1
-                    reason = self.fallback.reason_of(name)
+                    reason = closed_label(self.fallback.reason_of(name), FALLBACK_REASONS)
                     if name not in self._at_start:
                         self.writes.labels(ReceiptStatus.FALLBACK.value, reason).inc()
                         self._counted.add(name)
@@ -221,10 +257,18 @@ class _DatabaseCollector:
         dispatcher = self.metrics.dispatcher
         storage, settings = dispatcher.storage, dispatcher.settings
         self.metrics.catch_up_writes()
-        counts = storage.deliveries.counts()
-        oldest = storage.deliveries.oldest_pending()
+        known = self.metrics.sinks
+        # Rows of a sink no longer configured count under ``other``, merged.
+        counts: dict[str, dict[str, int]] = {sink: {} for sink in settings.sinks}
+        for sink, states in storage.deliveries.counts().items():
+            merged = counts.setdefault(closed_label(sink, known), {})
+            for state, count in states.items():
+                merged[state] = merged.get(state, 0) + count
+        oldest: dict[str, float] = {}
+        for sink, created in storage.deliveries.oldest_pending().items():
+            label = closed_label(sink, known)
+            oldest[label] = min(created, oldest.get(label, created))
         now = time.time()
-        sinks = list(dict.fromkeys([*settings.sinks, *counts]))
         rows = GaugeMetricFamily(
             "outbox_delivery_rows", "Outbox rows per sink and state.", labels=["sink", "state"]
         )
@@ -239,8 +283,7 @@ class _DatabaseCollector:
         dead = GaugeMetricFamily(
             "outbox_dead_letters", "Dead letters waiting for an operator.", labels=["sink"]
         )
-        for sink in sinks:
-            states = counts.get(sink, {})
+        for sink, states in counts.items():
             for state in DeliveryState:
                 rows.add_metric([sink, state.value], states.get(state.value, 0))
             pending.add_metric([sink], sum(states.get(state, 0) for state in UNDELIVERED))

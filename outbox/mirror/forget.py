@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from outbox.core.errors import about_record
 from outbox.core.safe_files import open_file
 from outbox.core.states import MirrorEvent
 from outbox.mirror import markdown
@@ -174,7 +175,8 @@ class Redactor:
                 self.jsonl.append([forgotten_event(key, offset, line_hash(raw))])
             if not is_redacted(json.loads(raw)):
                 self._overwrite(offset, redact(raw))
-        self._delete_file(item)
+        with about_record(key, "delete"):
+            self._delete_file(item)
 
     def _overwrite(self, offset: int, data: bytes) -> None:
         fd = open_file(self.jsonl.path, os.O_WRONLY, what="JSONL log")

@@ -12,7 +12,9 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from outbox.core.errors import about_record
 from outbox.core.folders import ensure_private_dir
+from outbox.core.naming import key_prefix
 from outbox.core.record import Record
 from outbox.core.states import DeliveryOp, DeliveryState, MirrorEvent
 from outbox.mirror import markdown, matter
@@ -191,19 +193,26 @@ class MirrorSync:
             report.lines_appended += len(missing)
         ensure_private_dir(self.markdown_dir)
         for item in batch:
-            path = self.markdown_dir / item.markdown_name
-            rows = deliveries.get(item.record.key, [])
-            torn = cut_short(path, item.record, rows)
-            if not torn and path.exists():
-                if full and restore_body(path, item.record):
-                    report.files_written += 1
-                continue
-            data = markdown.render(matter.delivered(item.record, rows), item.record.content)
-            if torn:
-                markdown.write_atomic(path, data, durable=False)
-            elif not markdown.write_new(path, data):
-                continue
-            report.files_written += 1
+            with about_record(item.record.key, "write"):
+                self._restore_file(item, deliveries.get(item.record.key, []), report, full)
+
+    def _restore_file(
+        self, item: StoredRecord, rows: list[DeliveryRow], report: RepairReport, full: bool
+    ) -> None:
+        """Write ``item``'s file if it is missing or cut short (``full``: restore an edited
+        body too)."""
+        path = self.markdown_dir / item.markdown_name
+        torn = cut_short(path, item.record, rows)
+        if not torn and path.exists():
+            if full and restore_body(path, item.record):
+                report.files_written += 1
+            return
+        data = markdown.render(matter.delivered(item.record, rows), item.record.content)
+        if torn:
+            markdown.write_atomic(path, data, durable=False)
+        elif not markdown.write_new(path, data):
+            return
+        report.files_written += 1
 
     def sync_deliveries(
         self, seen: set[tuple[str, str, str]] | None = None, report: RepairReport | None = None
@@ -245,34 +254,42 @@ class MirrorSync:
             item = stored.get(key)
             if item is None or item.forgotten:  # a forgotten record has no file to update
                 continue
-            path = self.markdown_dir / item.markdown_name
-            record_rows = all_rows.get(key, [])
-            state = matter.delivered(item.record, record_rows)
-            try:
-                current, body = markdown.read(path)
-            except FileNotFoundError:
-                ensure_private_dir(self.markdown_dir)
-                markdown.write_new(path, markdown.render(state, item.record.content))
-                report.files_written += 1
-                continue
-            except markdown.MalformedMarkdown as exc:
-                report.problems.append(
-                    f"record {key[:12]}: its markdown file: {exc}; left as it is"
-                )
-                continue
-            owner = current.get("key")
-            if owner and owner != key:  # never write one record's state into another's file
-                report.problems.append(
-                    f"record {key[:12]}: its markdown file carries another key; left as it is"
-                )
-                continue
-            merged = {**current, **matter.delivery_updates(current, state, record_rows)}
-            content = item.record.content.encode("utf-8")
-            if merged != current or body != content:
-                # A body that differs (a writer cut off mid-file, an edit) is restored from
-                # the database first: new front matter never seals a wrong body in.
-                markdown.write_atomic(path, markdown.render(merged, content), durable=False)
-                report.front_matter_updated += 1
-                if body != content:
-                    report.files_written += 1
+            with about_record(key, "update"):
+                self._update_file(item, all_rows.get(key, []), report)
         self.storage.mirror_state.clear_mirror_pending(rows)
+
+    def _update_file(
+        self, item: StoredRecord, record_rows: list[DeliveryRow], report: RepairReport
+    ) -> None:
+        """Bring ``item``'s front matter in line with its delivery rows (and its body with
+        the database); a missing file is written whole."""
+        key = item.record.key
+        path = self.markdown_dir / item.markdown_name
+        state = matter.delivered(item.record, record_rows)
+        try:
+            current, body = markdown.read(path)
+        except FileNotFoundError:
+            ensure_private_dir(self.markdown_dir)
+            markdown.write_new(path, markdown.render(state, item.record.content))
+            report.files_written += 1
+            return
+        except markdown.MalformedMarkdown as exc:
+            report.problems.append(
+                f"record {key_prefix(key)}: its markdown file: {exc}; left as it is"
+            )
+            return
+        owner = current.get("key")
+        if owner and owner != key:  # never write one record's state into another's file
+            report.problems.append(
+                f"record {key_prefix(key)}: its markdown file carries another key; left as it is"
+            )
+            return
+        merged = {**current, **matter.delivery_updates(current, state, record_rows)}
+        content = item.record.content.encode("utf-8")
+        if merged != current or body != content:
+            # A body that differs (a writer cut off mid-file, an edit) is restored from the
+            # database first: new front matter never seals a wrong body in.
+            markdown.write_atomic(path, markdown.render(merged, content), durable=False)
+            report.front_matter_updated += 1
+            if body != content:
+                report.files_written += 1

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from outbox.core.errors import OutboxError, ValidationError
+from outbox.core.errors import OutboxError, ValidationError, about_record
 from outbox.core.folders import ensure_private_dir
 from outbox.mirror import markdown, matter
 from outbox.mirror.jsonl import accepted_event
@@ -118,8 +118,9 @@ class Catalog:
         for count, item in enumerate(self._records(), start=1):
             name = Path(item.markdown_name).name
             data = markdown.render(matter.initial(item.record, []), item.record.content)
-            if not markdown.write_new(folder / name, data):
-                markdown.write_new(folder / f"{item.record.key}.md", data)
+            with about_record(item.record.key, "export"):
+                if not markdown.write_new(folder / name, data):
+                    markdown.write_new(folder / f"{item.record.key}.md", data)
             if progress and count % 1000 == 0:
                 progress(count)
         return count

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from outbox.core.errors import ValidationError
 from outbox.core.keys import canonical_timestamp, idempotency_key
+from outbox.core.naming import file_digest
 from outbox.core.record import (
     DEFAULT_IMPORTANCE,
     Record,
@@ -32,7 +33,6 @@ from outbox.mirror.forget import is_redacted
 from outbox.mirror.jsonl import JsonlLog
 from outbox.store.forgetting import Tombstone
 from outbox.store.restore import KnownOutcome
-from outbox.write.replay import file_digest
 
 if TYPE_CHECKING:
     from outbox.core.config import Settings

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.exc import DBAPIError
 
 from outbox.core.errors import StoreUnreadable
+from outbox.core.naming import key_prefix
 from outbox.core.receipt import Receipt
 from outbox.core.states import SETTLED, DeliveryState, ReceiptStatus
 from outbox.store.driver_errors import reason_of
@@ -25,9 +26,6 @@ if TYPE_CHECKING:
     from outbox.store.delivery_reads import DeliveryRow
     from outbox.store.heartbeats import Heartbeat
     from outbox.store.storage import Storage
-
-# How many hex digits name a record in status output (and in logs).
-KEY_PREFIX = 12
 
 
 def status_report(storage: Storage, settings: Settings) -> dict[str, Any]:
@@ -73,7 +71,7 @@ def _latest_error(storage: Storage, sink: str) -> dict[str, str | None] | None:
     row = storage.deliveries.latest_failure(sink)
     if row is None:
         return None
-    return {"key": row.key[:KEY_PREFIX], "reason": row.error_class, "error": row.last_error}
+    return {"key": key_prefix(row.key), "reason": row.error_class, "error": row.last_error}
 
 
 def dispatcher_view(beat: Heartbeat, now: float) -> dict[str, Any]:

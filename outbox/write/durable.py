@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from outbox.core.errors import StoreFailed
+from outbox.core.errors import StoreFailed, about_record
 from outbox.core.receipt import Receipt, store_failed_text
 from outbox.core.record import Record
 from outbox.core.states import ReceiptStatus
@@ -58,7 +58,8 @@ def _fallback(
     fallback: FallbackQueue, record: Record, reason: str, sinks: tuple[str, ...]
 ) -> Receipt:
     try:
-        path, existed = fallback.write(record, reason)
+        with about_record(record.key, "write"):  # its fallback file's name is its words
+            path, existed = fallback.write(record, reason)
     except OSError as exc:
         log.warning("fallback write failed too (%s)", exc.strerror or exc.__class__.__name__)
         raise StoreFailed(store_failed_text(sinks)) from None

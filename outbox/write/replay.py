@@ -12,7 +12,6 @@ named by a short digest of its name.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from outbox.core.errors import ValidationError
 from outbox.core.keys import canonical_timestamp, idempotency_key
+from outbox.core.naming import file_digest, key_prefix
 from outbox.core.record import (
     DEFAULT_IMPORTANCE,
     Record,
@@ -43,13 +43,6 @@ log = logging.getLogger(__name__)
 
 REPLAY_LIMIT = 100
 BATCH = 100
-KEY_PREFIX = 12  # as every other error and log line names a record
-
-
-def file_digest(path: Path | str) -> str:
-    """A file's name in reports when it has no key: 8 hex of SHA-256 of its name, which an
-    operator can recompute to find it, and which says nothing of the memory inside."""
-    return hashlib.sha256(os.path.basename(path).encode("utf-8", "surrogateescape")).hexdigest()[:8]
 
 
 @dataclass
@@ -73,17 +66,17 @@ class ReplayReport:
     def name_of(self, path: str) -> str:
         """How a file is named in print: its record's key prefix, else its name's digest."""
         key = self.keys.get(path)
-        return f"record {key[:KEY_PREFIX]}" if key else f"file #{file_digest(path)}"
+        return f"record {key_prefix(key)}" if key else f"file #{file_digest(path)}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
             "pending": self.pending,
-            "imported": [self.keys[path][:KEY_PREFIX] for path in self.imported],
-            "already_in_outbox": [self.keys[path][:KEY_PREFIX] for path in self.already],
+            "imported": [key_prefix(self.keys[path]) for path in self.imported],
+            "already_in_outbox": [key_prefix(self.keys[path]) for path in self.already],
             "skipped": [
                 {
-                    "key": self.keys[path][:KEY_PREFIX] if path in self.keys else None,
+                    "key": key_prefix(self.keys[path]) if path in self.keys else None,
                     "file_digest": file_digest(path),
                     "why": why,
                 }
@@ -202,7 +195,7 @@ class Replayer:
             for name in ("importance", "tags"):
                 if name not in pending.matter:
                     report.warnings.append(
-                        f"record {key[:KEY_PREFIX]}: no {name} in front matter; imported default"
+                        f"record {key_prefix(key)}: no {name} in front matter; imported default"
                     )
             found.append(pending)
         return found
@@ -278,7 +271,7 @@ class Replayer:
             markdown.update_front_matter(item.path, updates)
         except OSError as exc:
             report.warnings.append(
-                f"record {entry.record.key[:KEY_PREFIX]}: front matter of its file not updated "
+                f"record {key_prefix(entry.record.key)}: front matter of its file not updated "
                 f"({exc.strerror})"
             )
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+from outbox.core.naming import shown_path
 
 if TYPE_CHECKING:
     from outbox.api import Outbox
@@ -40,9 +41,7 @@ def error_line(exc: BaseException) -> str:
     """The first line of an error, naming no markdown file: a file's name carries the first
     words of its memory, and error lines end up in logs and issues."""
     if isinstance(exc, OSError) and exc.filename is not None:
-        where = Path(os.fsdecode(exc.filename))
-        shown = f"a markdown file in {where.parent}" if where.suffix == ".md" else str(where)
-        return f"{exc.strerror or 'error'}: {shown}"
+        return f"{exc.strerror or 'error'}: {shown_path(exc.filename)}"
     # One line: SQLAlchemy's messages go on with the statement and a help link.
     return str(exc).splitlines()[0] if str(exc) else ""
 

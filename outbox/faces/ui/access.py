@@ -7,13 +7,15 @@ token does not stay in the address bar. Every page needs that cookie, since memo
 private. A POST also needs the per-session form token (derived from the session token, so
 another site cannot know it) and, when the browser names one, an Origin or Referer of this
 server. A Host header other than the bound address is refused, so a DNS-rebinding page
-cannot talk to the server under its own name.
+cannot talk to the server under its own name. Every redirect goes to a path on this server
+(``see_other``), whatever path the request named.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlencode, urlsplit
@@ -95,6 +97,23 @@ def without_token(path: str, query: Iterable[tuple[str, str]]) -> str:
     return path + (f"?{urlencode(kept)}" if kept else "")
 
 
+# What a path may start with that a browser reads as the start of another site's address:
+# slashes, backslashes (read as slashes), and the spaces and control characters it drops.
+_OFF_SITE_LEAD = re.compile(r"^[/\\\x00-\x20]+")
+
+
+def local_path(target: str) -> str:
+    """``target`` as a path a browser can only read on this server: the run of slashes,
+    backslashes and control characters it starts with becomes one ``/``, so ``//host/`` or
+    ``/\\host`` (a scheme-relative address) is never sent back as another site."""
+    return "/" + _OFF_SITE_LEAD.sub("", target)
+
+
+def see_other(target: str) -> RedirectResponse:
+    """The dashboard's one redirect: 303 (a POST is followed by a GET), to a local path."""
+    return RedirectResponse(local_path(target), status_code=303)
+
+
 DENIED = (
     "outbox ui: this page needs the session token. Open the address that `outbox ui` "
     "printed when it started (it ends with ?token=...)."
@@ -137,7 +156,7 @@ class AccessMiddleware:
             if not access.token_ok(offered):
                 return PlainTextResponse(DENIED, status_code=403)
             target = without_token(request.url.path, request.query_params.multi_items())
-            response = RedirectResponse(target, status_code=303)
+            response = see_other(target)
             response.set_cookie(
                 access.cookie, access.token, httponly=True, samesite="strict", path="/"
             )

@@ -16,14 +16,14 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from outbox.core.errors import ValidationError
 from outbox.faces.ui import pages
-from outbox.faces.ui.access import CSRF_FIELD, Access, AccessMiddleware
+from outbox.faces.ui.access import CSRF_FIELD, Access, AccessMiddleware, see_other
 from outbox.operations.catalog import NoSuchRecord
 
 if TYPE_CHECKING:
@@ -163,7 +163,7 @@ def _refused() -> Response:
 def _back(path: str, note: str) -> Response:
     """After an action, back to a page that says what was done (POST, then GET)."""
     joiner = "&" if "?" in path else "?"
-    return RedirectResponse(f"{path}{joiner}{urlencode({'note': note})}", status_code=303)
+    return see_other(f"{path}{joiner}{urlencode({'note': note})}")
 
 
 def build_app(ob: Outbox, access: Access) -> Starlette:
