@@ -5,7 +5,9 @@ must give its key), with the outcome lines after them, the last per sink winning
 files (the mirror folder, the fallback queue in it) count only for keys the log lacks, and
 only when their body gives their key; a file without a key is a legacy file for ``outbox
 replay``. A key with a ``forgotten`` line comes back only as the tombstone a forget leaves
-(its redacted line: key, instant, importance, sinks), never with content from anywhere.
+(key, instant, importance, sinks), never with content from anywhere; where a forget was cut
+off before its mirrors were done (a line not yet redacted, a file left), the tombstone owes
+them, and the rebuild finishes them.
 Everything here but ``gather`` is pure, so the rules are tested without a store.
 """
 
