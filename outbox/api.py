@@ -267,7 +267,10 @@ class Outbox:
         return Reindexer(self.storage, self.settings, options.pop("batch", 256)).run(**options)
 
     def forget(self, prefix: str) -> ForgetReceipt:
-        """Remove a record everywhere (``operations/forget.py``); the database purge follows."""
+        """Remove a record everywhere (``operations/forget.py``); the database purge follows.
+        Waiting fallback files are imported first: one of the same write is then removed
+        as a second copy (``write/replay.py``), so no file of the key stays behind."""
+        self.import_fallback()
         return self.forgetter.forget(prefix)
 
     def wait_delivered(self, key: str, sink: str | None = None, timeout: float = 30.0) -> Receipt:

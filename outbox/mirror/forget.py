@@ -15,6 +15,7 @@ import json
 import logging
 import mmap
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -187,19 +188,57 @@ class Redactor:
             os.close(fd)
 
     def _delete_file(self, item: StoredRecord) -> None:
-        if not item.markdown_name:
-            return
-        path = self.markdown_dir / item.markdown_name  # an absolute name stays absolute
+        if item.markdown_name:
+            remove_copy(self.markdown_dir, item.markdown_name, item.record.key)
+
+    def sweep(self, key: str) -> int:
+        """Remove every file in the markdown folder that still carries the forgotten
+        ``key`` (a copy a forget could not know of); reads the whole folder, so it runs only
+        when asked again to forget (caller holds the lock). Returns how many."""
+        found = files_carrying(self.markdown_dir, {key})
+        return sum(remove_copy(self.markdown_dir, name, key) for name in found.get(key, []))
+
+
+def remove_copy(folder: Path, name: str, key: str) -> bool:
+    """Delete ``name`` in ``folder`` when it is ``key``'s file (its front matter names that
+    key, or none, or cannot be read); a file another key took is left in place."""
+    path = folder / name  # an absolute name stays absolute
+    try:
+        found, _ = markdown.read(path)
+    except FileNotFoundError:
+        return False
+    except (OSError, markdown.MalformedMarkdown):
+        found = {}  # a torn or unreadable file of this record's name is still its own
+    if found.get("key") not in (None, key):
+        log.warning("record %s: its markdown file now carries another key; left in place", key[:12])
+        return False
+    path.unlink(missing_ok=True)
+    return True
+
+
+def files_carrying(
+    folder: Path, keys: Collection[str], skip: Collection[str] = ()
+) -> dict[str, list[str]]:
+    """The markdown files in ``folder`` (other than ``skip``) whose front matter names one of
+    ``keys``, by key: the one scan that finds a forgotten record's leftover copies, for
+    ``verify`` and for a forget asked again."""
+    found: dict[str, list[str]] = {}
+    if not keys:
+        return found
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return found
+    for entry in entries:
+        if not entry.name.endswith(".md") or entry.name in skip:
+            continue
+        if not entry.is_file(follow_symlinks=False):
+            continue
         try:
-            found, _ = markdown.read(path)
-        except FileNotFoundError:
-            return
+            matter, _ = markdown.read(Path(entry.path))
         except (OSError, markdown.MalformedMarkdown):
-            found = {}  # a torn or unreadable file of this record's name is still its own
-        if found.get("key") not in (None, item.record.key):
-            log.warning(
-                "record %s: its markdown file now carries another key; left in place",
-                item.record.key[:12],
-            )
-            return
-        path.unlink(missing_ok=True)
+            continue
+        key = matter.get("key")
+        if isinstance(key, str) and key in keys:
+            found.setdefault(key, []).append(entry.name)
+    return found

@@ -10,7 +10,7 @@ from typing import Any
 from outbox.core.keys import idempotency_key
 from outbox.core.states import SETTLED, DeliveryState, MirrorEvent
 from outbox.mirror import markdown
-from outbox.mirror.forget import is_redacted
+from outbox.mirror.forget import files_carrying, is_redacted
 from outbox.mirror.jsonl import JsonlLog
 from outbox.mirror.repair import delivery_event
 from outbox.store.delivery_reads import DeliveryRow
@@ -26,6 +26,10 @@ class VerifyReport:
     jsonl_lines: int = 0
     markdown_files: int = 0
     problems: list[str] = field(default_factory=list)
+    # Keys whose accepted lines verify refuses as evidence: ``rebuild --merge`` adopts
+    # none of them (one judgement of the log, this one).
+    refused: set[str] = field(default_factory=set)
+    history_end: int = 0  # the newest seq the database's history was judged by
 
     @property
     def ok(self) -> bool:
@@ -114,6 +118,7 @@ def _check_log(jsonl: JsonlLog, index: _LogIndex, report: VerifyReport) -> None:
         if not (
             key in index.forgotten and index.forgotten[key][0] == offset and is_redacted(event)
         ):
+            report.refused.add(key)
             report.add(f"{jsonl.path}: line {number}: content or timestamp does not match its key")
 
 
@@ -185,9 +190,17 @@ def _check_markdown(item: StoredRecord, markdown_dir: Path, report: VerifyReport
         )
 
 
-def verify(storage: Storage, jsonl: JsonlLog, markdown_dir: Path, mirror_id: str) -> VerifyReport:
+def verify(
+    storage: Storage,
+    jsonl: JsonlLog,
+    markdown_dir: Path,
+    mirror_id: str,
+    history_end: int | None = None,
+) -> VerifyReport:
     """Read-only proof: the database's own check, the log's chain, every field the log shares
-    with the database (delivery outcomes included), and each record's markdown file."""
+    with the database (delivery outcomes included), each record's markdown file, and no
+    file left carrying a forgotten record. ``history_end``: the newest ``seq`` the database
+    had given out when its history is judged (default: what it holds now)."""
     report = VerifyReport()
     try:
         for problem in storage.integrity_problems():
@@ -201,17 +214,48 @@ def verify(storage: Storage, jsonl: JsonlLog, markdown_dir: Path, mirror_id: str
     report.jsonl_lines = index.lines
     _check_log(jsonl, index, report)
     batch: list[StoredRecord] = []
+    newest = 0
+    live_names: set[str] = set()
+    forgotten: set[str] = set()
     for item in storage.records.iter_records(origin=mirror_id):
         batch.append(item)
+        newest = item.seq
+        if item.forgotten:
+            forgotten.add(item.record.key)
+        else:
+            live_names.add(item.markdown_name)
         if len(batch) == 500:
             _check_batch(storage, batch, index, markdown_dir, jsonl.path, report)
             batch = []
     _check_batch(storage, batch, index, markdown_dir, jsonl.path, report)
-    for key, lines in index.accepted.items():
+    report.history_end = newest if history_end is None else history_end
+    _check_unheld(index, report.history_end, report)
+    for key in files_carrying(markdown_dir, forgotten, skip=live_names):
         report.add(
-            f"{len(lines)} accepted line(s) for {key[:12]}, which the database does not hold"
+            f"record {key[:12]}: forgotten, but a markdown file still carries it "
+            f"(`outbox forget {key[:12]}` removes it)"
         )
     return report
+
+
+def _check_unheld(index: _LogIndex, newest: int, report: VerifyReport) -> None:
+    """Accepted lines for records the database does not hold. One written after the
+    database's newest record (its ``seq`` is above it: the database is an older copy, or
+    was lost) is a record to bring back; one whose ``seq`` the database had already given
+    out, or that has none, is not of its history, and nothing adopts it."""
+    for key, lines in index.accepted.items():
+        seqs = [line.get("seq") for line in lines]
+        if all(type(seq) is int and seq > newest for seq in seqs):
+            report.add(
+                f"{len(lines)} accepted line(s) for {key[:12]}, which the database does not hold"
+            )
+            continue
+        report.refused.add(key)
+        report.add(
+            f"{len(lines)} accepted line(s) for {key[:12]}, which the database does not hold "
+            f"and its history does not explain (a seq at or below its newest, {newest}); "
+            "not evidence for `outbox rebuild --merge`"
+        )
 
 
 def _check_batch(
@@ -231,4 +275,10 @@ def _check_batch(
         if item.forgotten:
             _check_forgotten(item, index, report)
         else:
+            if key in index.forgotten:
+                report.add(
+                    f"record {key[:12]}: the log has a forgotten line for it, but the database "
+                    "holds it live (restored from before the forget? `outbox rebuild --merge` "
+                    "finishes the forget)"
+                )
             _check_markdown(item, markdown_dir, report)

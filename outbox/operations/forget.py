@@ -36,9 +36,15 @@ class ForgetReceipt:
     sinks: list[str] = field(default_factory=list)
     never_sent: list[str] = field(default_factory=list)
     already: bool = False
+    leftovers: int = 0  # files still carrying the key that a repeated forget removed
 
     @property
     def text(self) -> str:
+        if self.already and self.leftovers:
+            return (
+                f"Forgotten {self.key[:12]} (it already was; {self.leftovers} leftover "
+                "markdown files removed)"
+            )
         if self.already:
             return f"Forgotten {self.key[:12]} (it already was)"
         if not self.sinks:
@@ -52,6 +58,7 @@ class ForgetReceipt:
             "deletes_queued": self.sinks,
             "never_sent": self.never_sent,
             "already": self.already,
+            "leftovers_removed": self.leftovers,
         }
 
 
@@ -83,6 +90,7 @@ class Forgetter:
         self._purge_owed = not plan.already or self._purge_owed
         if plan.deletes:
             self.wake()  # this process's dispatcher, at once; others within one poll
+        leftovers = 0
         try:
             # The exclusive mirror lock waits for this process's queued mirror writes, so
             # the record's own line and file exist before the redaction looks for them.
@@ -98,13 +106,15 @@ class Forgetter:
                     redactor.finish(item, resumed=False)  # its own mirrors: at once
                     self.storage.forgetting.mirrors_done([key])
                 redactor.run()  # any forget a crash left unfinished
+                if plan.already:  # asked again: finish what an earlier one could not reach
+                    leftovers = redactor.sweep(key)
         except OSError as exc:  # committed: the next repair finishes the mirrors
             log.warning(
                 "record %s forgotten; its mirrors are finished at the next open (%s)",
                 key[:12],
                 exc.strerror or exc.__class__.__name__,
             )
-        return ForgetReceipt(key, plan.deletes, plan.never_sent, plan.already)
+        return ForgetReceipt(key, plan.deletes, plan.never_sent, plan.already, leftovers)
 
     def purge(self) -> PurgeResult:
         """Remove the database's own leftover copies of forgotten records (see the store)."""

@@ -38,6 +38,7 @@ from outbox.store.restore import KnownOutcome
 if TYPE_CHECKING:
     from outbox.core.config import Settings
     from outbox.mirror.mirrors import Mirrors
+    from outbox.store.forgetting import Tombstone
     from outbox.store.storage import Storage
 
 MARKER_NAME = "rebuild-in-progress.json"
@@ -63,6 +64,8 @@ class RebuildReport:
     already_there: int = 0
     forgotten_left_out: int = 0
     tombstones: int = 0  # forgotten records put back without their content
+    forgets_applied: int = 0  # live records of the database made tombstones (--merge)
+    forgets_finished: int = 0  # cut-off forgets whose log line and files were finished
     delivered: int = 0
     dead: int = 0
     discarded: int = 0
@@ -119,8 +122,8 @@ class _Marker:
                 return {}
         return loaded if isinstance(loaded, dict) else {}
 
-    def write(self, aside: str | None) -> None:
-        state = {"started": canonical_timestamp(), "aside": aside}
+    def write(self, aside: str | None, history_end: int | None = None) -> None:
+        state = {"started": canonical_timestamp(), "aside": aside, "history_end": history_end}
         markdown.write_atomic(self.path, json.dumps(state).encode("utf-8"))
 
     def remove(self) -> None:
@@ -153,6 +156,9 @@ class Rebuilder:
         self.merge = merge
         self.progress = progress
         self.aside: str | None = None  # where a corrupt database went, kept in the marker
+        # A merge's judgement of the log against the database as it was before the merge
+        # (its newest seq), kept in the marker so a re-run judges by the same history.
+        self.history_end: int | None = None
 
     def run(self) -> RebuildReport:
         started = time.monotonic()
@@ -171,6 +177,8 @@ class Rebuilder:
             state = marker.read()
             report = RebuildReport(_where(settings, database), resumed=state is not None)
             report.merged = self.merge
+            ended = (state or {}).get("history_end")
+            self.history_end = ended if type(ended) is int else None
             if database is not None:
                 report.moved_aside = self._clear_file(database, marker, state)
             storage = _open_storage(settings)
@@ -199,7 +207,7 @@ class Rebuilder:
             else _aside_name(database, "corrupt")
         )
         self.aside = str(aside)
-        marker.write(self.aside)  # first: a run killed mid-move goes on with that name
+        marker.write(self.aside, self.history_end)  # first: a re-run goes on with that name
         return _move_aside(database, aside)
 
     def _check_and_fill(
@@ -218,20 +226,37 @@ class Rebuilder:
                 f"this machine (OUTBOX_MIRROR_ID={settings.mirror_id}); nothing was changed. "
                 "`outbox rebuild --merge` adds what the log and files hold and it lacks"
             )
-        marker.write(self.aside)  # before the first record goes in
         storage.locations.check(settings)
         mirrors = Mirrors.from_settings(lambda: storage, settings)
         try:
             # Held throughout: a repair elsewhere reading the log while records go in would
             # take them for records whose lines are missing, and append those lines twice.
             with mirrors.hold():
-                storage.mirror_state.set_mirror_watermark(settings.mirror_id, 0, 0, None)
                 evidence = gather(settings, self.progress)
+                if self.merge:
+                    self._judge(storage, mirrors, evidence)
+                marker.write(self.aside, self.history_end)  # before the first record goes in
+                storage.mirror_state.set_mirror_watermark(settings.mirror_id, 0, 0, None)
                 seqs = self._restore(storage, evidence, report)
                 self.progress("writing what the mirrors lack", 0, None)
                 self._mend_mirrors(storage, mirrors, evidence, seqs, report)
+            if storage.forgetting.purge_due():  # a restored copy's pages held the words
+                storage.forgetting.purge()
         finally:
             mirrors.close()
+
+    def _judge(self, storage: Storage, mirrors: Mirrors, evidence: Evidence) -> None:
+        """A merge adopts only what ``outbox verify`` accepts of the log, judged against the
+        database as it was before the merge: a line verify refuses (a forged or edited
+        line, one the database's history does not explain) is left out and listed."""
+        from outbox.mirror.verify import verify
+
+        settings = self.settings
+        judged = verify(
+            storage, mirrors.jsonl, settings.markdown_dir, settings.mirror_id, self.history_end
+        )
+        self.history_end = judged.history_end
+        evidence.refuse(judged.refused)
 
     def _restore(
         self, storage: Storage, evidence: Evidence, report: RebuildReport
@@ -264,13 +289,29 @@ class Rebuilder:
                 storage.restore.restore(conn, outcomes, now)
             _count(report, batch, fresh, outcomes)
             self.progress("restoring records", start + len(batch), len(found))
+        tombstones = evidence.tombstones()
         with storage.engine.begin() as conn:  # forgotten records stay forgotten
             report.tombstones = storage.forgetting.restore(
-                conn, evidence.tombstones(), self.settings.sinks, self.settings.mirror_id, now
+                conn, tombstones, self.settings.sinks, self.settings.mirror_id, now
             )
+        report.forgets_applied = self._apply_forgets(storage, tombstones)
         there = [item.record.key for item in found if item.record.key not in seqs]
         seqs.update({key: item.seq for key, item in storage.records.get_records(there).items()})
         return seqs
+
+    def _apply_forgets(self, storage: Storage, tombstones: list[Tombstone]) -> int:
+        """A ``forgotten`` line wins over a live record of the database (one restored from a
+        backup taken before the forget): it becomes a tombstone as a forget makes one, and
+        every sink the log does not say deleted it gets its delete again."""
+        held = storage.records.get_records(item.key for item in tombstones)
+        applied = 0
+        for item in tombstones:
+            stored = held.get(item.key)
+            if stored is None or stored.forgotten:
+                continue
+            storage.forgetting.forget(item.key, self.settings.sinks, deleted=item.deleted)
+            applied += 1
+        return applied
 
     def _mend_mirrors(
         self,
@@ -284,6 +325,7 @@ class Rebuilder:
         line for each record only a file held, and each file that is missing, cut short or
         edited. Then the repair watermark, so the next open does not read it all again; a
         merge instead has the repair check every record, its own ones included."""
+        from outbox.mirror.forget import Redactor
         from outbox.mirror.jsonl import accepted_event
         from outbox.mirror.repair import MirrorSync
 
@@ -300,6 +342,8 @@ class Rebuilder:
         )
         report.lines_appended = len(unlogged)
         report.files_written = _mend_files(storage, settings.markdown_dir, found, report.problems)
+        redactor = Redactor(storage, mirrors.jsonl, settings.markdown_dir, settings.mirror_id)
+        report.forgets_finished = redactor.run()  # before the repair could write a file back
         if self.merge:
             repaired = MirrorSync(
                 storage, mirrors.jsonl, settings.markdown_dir, settings.mirror_id

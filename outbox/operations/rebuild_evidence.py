@@ -5,7 +5,9 @@ must give its key), with the outcome lines after them, the last per sink winning
 files (the mirror folder, the fallback queue in it) count only for keys the log lacks, and
 only when their body gives their key; a file without a key is a legacy file for ``outbox
 replay``. A key with a ``forgotten`` line comes back only as the tombstone a forget leaves
-(its redacted line: key, instant, importance, sinks), never with content from anywhere.
+(key, instant, importance, sinks), never with content from anywhere; where a forget was cut
+off before its mirrors were done (a line not yet redacted, a file left), the tombstone owes
+them, and the rebuild finishes them.
 Everything here but ``gather`` is pure, so the rules are tested without a store.
 """
 
@@ -171,7 +173,7 @@ class Evidence:
     default_sinks: tuple[str, ...]
     found: dict[str, Found] = field(default_factory=dict)
     outcomes: dict[str, dict[str, KnownOutcome]] = field(default_factory=dict)
-    forgotten: set[str] = field(default_factory=set)
+    forgotten: dict[str, None] = field(default_factory=dict)  # in log order
     redacted: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> its line
     deleted: dict[str, set[str]] = field(default_factory=dict)  # key -> sinks that deleted it
     log_names: set[str] = field(default_factory=set)
@@ -213,7 +215,7 @@ class Evidence:
                 self.found[found.record.key] = found
                 self.log_names.add(found.markdown_name)
         elif kind == FORGOTTEN_EVENT and isinstance(event.get("key"), str):
-            self.forgotten.add(event["key"])
+            self.forgotten[event["key"]] = None
         elif kind == MirrorEvent.DELETED and isinstance(event.get("key"), str):
             self.deleted.setdefault(event["key"], set()).add(str(event.get("sink")))
         elif (outcome := outcome_from_line(event)) is not None:
@@ -232,25 +234,42 @@ class Evidence:
         elif found.record.key not in self.found:
             self.found[found.record.key] = found
 
+    def refuse(self, keys: set[str]) -> None:
+        """Leave out the records of ``keys`` (``outbox verify`` refuses their lines as
+        evidence), each listed as a problem; a forget of one still stands."""
+        for key in sorted(keys & self.found.keys()):
+            if key not in self.forgotten:
+                del self.found[key]
+                self.problem(f"record {key[:12]}: its log line is one verify refuses; left out")
+
     def records(self) -> list[Found]:
         """What goes back into the database: every record found, except forgotten ones."""
         return [item for key, item in self.found.items() if key not in self.forgotten]
 
     def tombstones(self) -> list[Tombstone]:
-        """The forgotten records whose redacted line the log holds, in log order."""
+        """Every forgotten record the log or a file tells of. A forget cut off before its
+        mirrors were done left an unredacted line or a file: that tombstone owes them."""
         found = []
-        for key, line in self.redacted.items():
-            seq, importance = line.get("seq"), line.get("importance")
-            if key not in self.forgotten or not isinstance(seq, int):
-                continue
+        for key in self.forgotten:
+            line, item = self.redacted.get(key), self.found.get(key)
+            importance: object
+            if item is not None:
+                timestamp, importance = item.record.timestamp, item.record.importance
+                sinks, name = item.sinks, item.markdown_name
+            elif line is not None:
+                timestamp, importance = str(line.get("timestamp")), line.get("importance")
+                sinks, name = _sink_names(line.get("sinks"), self.default_sinks), ""
+            else:
+                continue  # no line or file left to tell its instant: nothing to put back
             found.append(
                 Tombstone(
                     key=key,
-                    timestamp=str(line.get("timestamp")),
+                    timestamp=timestamp,
                     importance=importance if isinstance(importance, int) else DEFAULT_IMPORTANCE,
-                    seq=seq,
-                    sinks=_sink_names(line.get("sinks"), self.default_sinks),
+                    sinks=sinks,
                     deleted=frozenset(self.deleted.get(key, ())),
+                    markdown_name=name,
+                    owed=item is not None,
                 )
             )
         return found

@@ -10,7 +10,7 @@ and the purge of the database's leftover copies follow, each flagged on the row 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,15 +40,17 @@ class ForgetPlan:
 
 @dataclass(frozen=True)
 class Tombstone:
-    """What is left of a forgotten record, as its redacted log line tells it (``outbox
-    rebuild``), and the sinks whose delete the log records as done."""
+    """What is left of a forgotten record, as the log tells it (``outbox rebuild``), and
+    the sinks whose delete the log records as done. ``owed``: a forget cut off before its
+    mirrors were done left words behind (its accepted line, or ``markdown_name``'s file)."""
 
     key: str
     timestamp: str
     importance: int
-    seq: int
     sinks: tuple[str, ...]
     deleted: frozenset[str]
+    markdown_name: str = ""
+    owed: bool = False
 
 
 @dataclass(frozen=True)
@@ -68,9 +70,17 @@ class ForgetStore:
         self.reader = reader
         self._sqlite = engine.dialect.name == "sqlite"
 
-    def forget(self, key: str, sinks: Sequence[str], now: float | None = None) -> ForgetPlan | None:
+    def forget(
+        self,
+        key: str,
+        sinks: Sequence[str],
+        now: float | None = None,
+        deleted: Collection[str] | None = None,
+    ) -> ForgetPlan | None:
         """Tombstone ``key`` and queue its sink deletes in one transaction; None when the
-        outbox has no such record."""
+        outbox has no such record. ``deleted``: a forget the log already records, over a
+        database restored from before it, whose rows cannot tell what the sinks got since:
+        every sink gets a delete but those the log says deleted it, which are settled."""
         now = time.time() if now is None else now
         with self.engine.begin() as conn:
             if self._sqlite:
@@ -87,7 +97,7 @@ class ForgetStore:
             if row.forgotten_at is not None:
                 return ForgetPlan(key, row.seq, row.markdown_name, already=True)
             self._empty_record(conn, key, row.seq, now)
-            deletes, never_sent = self._turn_deliveries(conn, key, sinks, now)
+            deletes, never_sent = self._turn_deliveries(conn, key, sinks, now, deleted)
         return ForgetPlan(key, row.seq, row.markdown_name, deletes, never_sent)
 
     def _empty_record(self, conn: Connection, key: str, seq: int, now: float) -> None:
@@ -112,7 +122,11 @@ class ForgetStore:
 
     @staticmethod
     def _turn_deliveries(
-        conn: Connection, key: str, sinks: Sequence[str], now: float
+        conn: Connection,
+        key: str,
+        sinks: Sequence[str],
+        now: float,
+        deleted: Collection[str] | None = None,
     ) -> tuple[list[str], list[str]]:
         """Every row becomes a delete; one never attempted is settled now (the sink never
         saw the record), and a configured sink without a row (pruned since) gets one."""
@@ -134,7 +148,11 @@ class ForgetStore:
             "updated_at": now,
         }
         for row in rows:
-            untried = row.state == DeliveryState.PENDING and row.attempts == 0
+            untried = (
+                row.state == DeliveryState.PENDING and row.attempts == 0
+                if deleted is None
+                else row.sink in deleted
+            )
             state = DeliveryState.FORGOTTEN if untried else DeliveryState.PENDING
             (never_sent if untried else deletes).append(row.sink)
             conn.execute(
@@ -142,7 +160,7 @@ class ForgetStore:
                 .where(deliveries.c.id == row.id)
                 .values(state=state, attempts=0, **cleared)
             )
-        for sink in sorted(set(sinks) - {row.sink for row in rows}):
+        for sink in sorted(set(sinks) - {row.sink for row in rows} - set(deleted or ())):
             deletes.append(sink)
             conn.execute(
                 insert(deliveries).values(
@@ -167,7 +185,9 @@ class ForgetStore:
         """Put forgotten records back as the tombstones they were (``outbox rebuild``), in
         the caller's transaction: no content, no search row, no graph node. A sink whose
         delete the log records is settled; every other sink gets its delete again (a sink
-        deletes idempotently). Returns how many were written; a key already there is kept."""
+        deletes idempotently). A tombstone whose forget was cut off owes its mirrors (the
+        next redaction finishes them). Returns how many were written; a key already there
+        is left to the caller."""
         written = 0
         for item in tombstones:
             exists = conn.execute(select(records.c.seq).where(records.c.key == item.key)).first()
@@ -182,11 +202,11 @@ class ForgetStore:
                     tags=[],
                     meta={},
                     slug="",
-                    markdown_name="",
+                    markdown_name=item.markdown_name,
                     origin=origin,
                     created_at=now,
                     forgotten_at=now,
-                    redaction_pending=0,
+                    redaction_pending=MIRRORS_DUE if item.owed else 0,
                 )
             )
             for sink in sorted({*item.sinks, *sinks}):

@@ -230,6 +230,7 @@ class Replayer:
                 report.keys[str(item.path)] = item.record.key
                 if item.record.key in unique:
                     report.already.append(str(item.path))
+                    self._drop_copy(item, report)
                 else:
                     unique[item.record.key] = item
             for entry in self._commit(list(unique.values()), report):
@@ -258,9 +259,27 @@ class Replayer:
                 report.skipped.append((str(item.path), f"not imported ({exc.__class__.__name__})"))
         return accepted
 
+    def _drop_copy(self, item: PendingFile, report: ReplayReport) -> None:
+        """Remove one of our own fallback files whose record the outbox holds under another
+        file (or has forgotten): a second copy of the same write (same content and instant),
+        which would otherwise keep its words in the folder after a forget."""
+        if item.matter.get("outbox_fallback") is not True:
+            return  # a legacy file stays where it is
+        try:
+            item.path.unlink(missing_ok=True)
+        except OSError as exc:
+            report.warnings.append(
+                f"record {item.record.key[:KEY_PREFIX]}: a second copy of its fallback file "
+                f"not removed ({exc.strerror})"
+            )
+
     def _stamp(self, entry: Accepted, item: PendingFile, report: ReplayReport) -> None:
         """Mark an imported file with its key, and take it off the fallback queue."""
         (report.already if entry.duplicate else report.imported).append(str(item.path))
+        if entry.duplicate and entry.markdown_name != self._name_for(item.path):
+            self._drop_copy(item, report)
+            if item.matter.get("outbox_fallback") is True:
+                return
         updates: dict[str, Any] = {} if entry.duplicate else {"key": entry.record.key}
         if item.matter.get("outbox_fallback") is True:
             # Its record is in the outbox now, whoever put it there: no longer queued.

@@ -49,6 +49,11 @@ def _text(report: RebuildReport) -> str:
             f"forgotten records: {report.forgotten_left_out}, put back as "
             f"{report.tombstones} tombstones without content"
         )
+    if report.forgets_applied or report.forgets_finished:
+        lines.append(
+            f"forgets the log records: {report.forgets_applied} live records of the database "
+            f"made tombstones, {report.forgets_finished} cut-off forgets finished"
+        )
     if report.unkeyed_files:
         lines.append(
             f"markdown files without a key left for `outbox replay`: {report.unkeyed_files}"
