@@ -276,6 +276,13 @@ class Outbox:
         self._check_missing()
         return status_report(self.storage, self.settings, self.missing)
 
+    def _refuse_if_missing(self) -> None:
+        """Raise DatabaseLacksRecords for a reader that would otherwise count an empty (or
+        newly created) database as the store."""
+        self._check_missing()
+        if self.missing is not None:
+            raise self.missing
+
     def _check_missing(self) -> None:
         """``missing`` as it is now: a rebuild elsewhere may have closed the gap since."""
         if self.missing is not None:
@@ -299,7 +306,9 @@ class Outbox:
         )
 
     def drain(self, timeout: float | None = None, **options: Any) -> DrainReport:
-        """Deliver what is due to every sink, then return (loads sinks on first use)."""
+        """Deliver what is due to every sink, then return (loads sinks on first use); refused
+        while the database lacks records its log names (DatabaseLacksRecords)."""
+        self._refuse_if_missing()
         with self.dispatcher(**options) as dispatcher:
             return dispatcher.drain(timeout=timeout)
 
@@ -369,6 +378,7 @@ class Outbox:
         without the rest of ``status``."""
         from outbox.core.states import UNDELIVERED
 
+        self._refuse_if_missing()
         counts = self.storage.deliveries.counts()
         return sum(row.get(state, 0) for row in counts.values() for state in UNDELIVERED)
 
