@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection
 
 from outbox.core.config import Settings, load_settings
+from outbox.core.errors import DatabaseLacksRecords
 from outbox.core.folders import ensure_private_dir
 from outbox.core.receipt import Receipt
 from outbox.core.record import DEFAULT_IMPORTANCE, Record, build_record
 from outbox.core.safe_files import check_store
+from outbox.mirror.gap import check_held, missing_file
 from outbox.mirror.mirrors import Mirrors
 from outbox.mirror.repair import RepairReport
 from outbox.mirror.verify import VerifyReport
@@ -56,6 +58,8 @@ class Outbox:
 
     Opening never fails because the database is unavailable: the outbox opens degraded,
     writes go to the fallback queue, and the next open (or dispatcher pass) imports them.
+    A database lacking records its log names (``missing``) is never written: writes go to
+    the fallback queue, which `outbox rebuild` imports with the rest.
     """
 
     def __init__(self, settings: Settings, *, repair: bool = True) -> None:
@@ -80,6 +84,7 @@ class Outbox:
         self.last_repair: RepairReport | None = None
         self.last_import: ReplayReport | None = None
         self.unavailable: str | None = None
+        self.missing: DatabaseLacksRecords | None = None
         self._migrated = False
         self._listeners: list[Callable[[], object]] = []
         try:
@@ -91,6 +96,9 @@ class Outbox:
             log.warning(
                 "outbox database unavailable at open (%s); writes will fall back", self.unavailable
             )
+        except DatabaseLacksRecords as exc:
+            self.unavailable = failure_reason(exc)
+            log.warning("%s", exc)
 
     @classmethod
     def open(
@@ -111,11 +119,24 @@ class Outbox:
 
     def _ensure_schema(self) -> None:
         """Migrate on first use; on PostgreSQL the check is cut off like a write when the
-        server does not answer (an upgrade that has started is left to finish)."""
+        server does not answer (an upgrade that has started is left to finish). Then the
+        database must hold what its log names (``mirror/gap.py``); until it does, every call
+        raises DatabaseLacksRecords again, so writes fall back until a rebuild closes the gap."""
         if self._migrated:
             return
-        self.storage.upgrade(self.settings.busy_timeout + WRITE_MARGIN_SECONDS)
-        self.storage.locations.check(self.settings)  # mirrors elsewhere than recorded: refused
+        self.missing = missing_file(self.settings, sqlite_path(self.settings.db_url))
+        if self.missing is None:
+            self.storage.upgrade(self.settings.busy_timeout + WRITE_MARGIN_SECONDS)
+            self.storage.locations.check(self.settings)  # mirrors elsewhere: refused
+            where = sqlite_path(self.settings.db_url) or self.engine.url.render_as_string(
+                hide_password=True
+            )
+            try:
+                check_held(self.storage, self.settings, str(where))
+            except DatabaseLacksRecords as exc:
+                self.missing = exc
+        if self.missing is not None:
+            raise self.missing
         self._migrated = True
 
     # -- writing --------------------------------------------------------------------------
@@ -166,7 +187,11 @@ class Outbox:
     def _commit_or_fallback(self, records: list[Record]) -> list[Receipt]:
         """Commit, or, when the database cannot take the write in time, the fallback queue."""
         receipts, self.unavailable = commit_or_fallback(
-            self.writer, self.fallback, records, expected=UNAVAILABLE, before=self._ensure_schema
+            self.writer,
+            self.fallback,
+            records,
+            expected=(*UNAVAILABLE, DatabaseLacksRecords),
+            before=self._ensure_schema,
         )
         if self.unavailable is None:
             self._notify()
@@ -217,7 +242,9 @@ class Outbox:
         return Replayer(self.storage, self.writer, self.fallback, self.settings, self._notify)
 
     def import_fallback(self) -> ReplayReport:
-        """Bring this outbox's own fallback files in, once each."""
+        """Bring this outbox's own fallback files in, once each (never into a database that
+        lacks records its log names: they wait for `outbox rebuild`)."""
+        self._ensure_schema()
         self.last_import = self._replayer().import_own_fallback()
         return self.last_import
 
@@ -229,14 +256,38 @@ class Outbox:
     ) -> ReplayReport:
         """Import pending fallback or legacy files from ``folder`` (default: the markdown
         folder); refuses above 100 pending files without a ``budget``."""
+        self._ensure_schema()
         return self._replayer().replay_dir(folder or self.settings.markdown_dir, budget, progress)
 
     def verify(self) -> VerifyReport:
-        return self.mirrors.verify()
+        """Whether the mirrors and the database agree; a database lacking records its log
+        names is the first problem, with the command that brings them back (and a deleted
+        SQLite file is not created anew to be compared)."""
+        self._check_missing()
+        missing = self.missing
+        report = VerifyReport() if missing is not None and missing.gone else self.mirrors.verify()
+        if missing is not None:
+            report.problems.insert(0, str(missing))
+        return report
 
     def status(self) -> dict[str, Any]:
-        """Counts per sink and state, oldest pending age, dead letters, where the files are."""
-        return status_report(self.storage, self.settings)
+        """Counts per sink and state, oldest pending age, dead letters, where the files are,
+        and what the database lacks that its log names (``missing``)."""
+        self._check_missing()
+        return status_report(self.storage, self.settings, self.missing)
+
+    def _refuse_if_missing(self) -> None:
+        """Raise DatabaseLacksRecords for a reader that would otherwise count an empty (or
+        newly created) database as the store."""
+        self._check_missing()
+        if self.missing is not None:
+            raise self.missing
+
+    def _check_missing(self) -> None:
+        """``missing`` as it is now: a rebuild elsewhere may have closed the gap since."""
+        if self.missing is not None:
+            with contextlib.suppress(DatabaseLacksRecords, *UNAVAILABLE):
+                self._ensure_schema()
 
     # -- delivery -------------------------------------------------------------------------
 
@@ -255,7 +306,9 @@ class Outbox:
         )
 
     def drain(self, timeout: float | None = None, **options: Any) -> DrainReport:
-        """Deliver what is due to every sink, then return (loads sinks on first use)."""
+        """Deliver what is due to every sink, then return (loads sinks on first use); refused
+        while the database lacks records its log names (DatabaseLacksRecords)."""
+        self._refuse_if_missing()
         with self.dispatcher(**options) as dispatcher:
             return dispatcher.drain(timeout=timeout)
 
@@ -328,6 +381,7 @@ class Outbox:
         without the rest of ``status``."""
         from outbox.core.states import UNDELIVERED
 
+        self._refuse_if_missing()
         counts = self.storage.deliveries.counts()
         return sum(row.get(state, 0) for row in counts.values() for state in UNDELIVERED)
 

@@ -31,7 +31,7 @@ from outbox.api import Outbox
 from outbox.core.config import Settings
 from outbox.core.receipt import Receipt
 from outbox.core.record import check_content
-from outbox.core.states import BuiltinSink, ReceiptStatus
+from outbox.core.states import BuiltinSink, FallbackReason, ReceiptStatus
 
 if TYPE_CHECKING:
     from outbox import RecallAnswer, RecallHit, RecentRow
@@ -161,6 +161,14 @@ class MemoryService:
             "pendingDepthAtLeast": None,
             "oldestPendingAgeMs": None,
         }
+        if receipt.reason == FallbackReason.DB_MISSING:
+            # The database lacks records its log names: not read (a deleted file would be
+            # created anew), and the write waits for the rebuild, not for the next open.
+            block["hint"] = (
+                "The database lacks records its log names; the write is in the fallback file "
+                "and joins recall after `outbox rebuild`."
+            )
+            return block
         try:
             depth, capped, age = self.outbox.pending_summary(VECTOR_SINK)
             block["pendingDepth"] = depth

@@ -303,7 +303,9 @@ def test_a_write_during_a_rebuild_falls_back_and_comes_in_after(settings: Settin
     assert child.wait(timeout=120) == 0
     assert added.returncode == 0, added.stderr
     receipt = json.loads(added.stdout)
-    assert (receipt["status"], receipt["reason"]) == ("fallback", "db_busy")
+    # Held off by the rebuild's mirror lock, or by the half-filled database lacking what the
+    # log names (``mirror/gap.py``): either way the fallback queue, never the database.
+    assert receipt["status"] == "fallback" and receipt["reason"] in ("db_busy", "db_missing")
     assert _json(settings, "status")["records"] == 6001  # imported by this open
     verified = _cli(settings, "verify")
     assert verified.returncode == 0, verified.stdout

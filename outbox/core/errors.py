@@ -45,6 +45,21 @@ class DatabaseTimeout(OutboxError):
     stopped answering: the driver itself would wait for its reply forever)."""
 
 
+class DatabaseLacksRecords(OutboxError):
+    """The JSONL log names records the database does not hold: the database was deleted,
+    emptied or replaced by an older copy. Writing on would bury the gap under new records,
+    so writes go to the fallback queue until ``command`` (``outbox rebuild``) closes it."""
+
+    def __init__(self, database: str, log: str, *, older_copy: bool, gone: bool = False) -> None:
+        self.gone = gone  # the SQLite file itself is missing: nothing may create it anew
+        self.command = "outbox rebuild --merge" if older_copy else "outbox rebuild"
+        lacks = "lacks the newest records" if older_copy else "holds none of the records"
+        super().__init__(
+            f"the database {database} {lacks} its JSONL log {log} names (deleted, emptied or "
+            f"an older copy put back?); writes go to the fallback queue; run `{self.command}`"
+        )
+
+
 class StoreUnreadable(OutboxError):
     """The database could not be opened or read: names where it is and what to check."""
 

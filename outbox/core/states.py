@@ -57,6 +57,9 @@ class FallbackReason(StrEnum):
     DISK_FULL = "disk_full"
     CORRUPT = "corrupt"
     IO_ERROR = "io_error"
+    # The log names records the database lacks (deleted, emptied, an older copy put back):
+    # the database is not written until ``outbox rebuild`` brings them back.
+    DB_MISSING = "db_missing"
     UNKNOWN = "unknown"
 
 

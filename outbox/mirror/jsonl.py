@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,11 @@ from outbox.core.safe_files import open_file
 GENESIS = "0" * 64
 _TAIL_CHUNK = 65_536
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # built once, not per line
+# How every line starts (one encoder writes "event", then "key"): enough to name its record.
+_NAMED = re.compile(rb'\{"event":"([a-z]+)","key":"([0-9a-f]{64})"')
+_HEAD = 128  # bytes of a line that hold its event and key
+_COUNT_CHUNK = 1 << 20
+_LOOK_BACK = 16  # lines from the end searched for one that names a record
 
 
 def line_hash(line: bytes) -> str:
@@ -274,3 +280,54 @@ def reanchor_event(gap: Break) -> dict[str, Any]:
         "expected": gap.expected,
         "found": gap.found,
     }
+
+
+def named_keys(path: Path) -> tuple[str, ...]:
+    """The keys of the first and the last complete line that name a record (empty: the log
+    is missing, empty or names none). Reads the two lines' first bytes only, so it costs the
+    same for a million lines as for one (``mirror/gap.py`` asks the database for them)."""
+    try:
+        fd = open_file(path, os.O_RDONLY, what=_WHAT)
+    except FileNotFoundError:
+        return ()
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return ()
+        # A torn last line (a writer killed mid-append) is not a line yet.
+        end = size if os.pread(fd, 1, size - 1) == b"\n" else JsonlLog._find_line_start(fd, size)
+        first = _NAMED.match(os.pread(fd, _HEAD, 0)) if end else None
+        keys = [first.group(2).decode("ascii")] if first else []
+        for _ in range(_LOOK_BACK):
+            if end == 0:
+                break
+            start = JsonlLog._find_line_start(fd, end - 1)
+            last = _NAMED.match(os.pread(fd, min(_HEAD, end - start), start))
+            if last:
+                keys.append(last.group(2).decode("ascii"))
+                break
+            end = start
+    finally:
+        os.close(fd)
+    return tuple(dict.fromkeys(keys))
+
+
+def record_count(path: Path) -> int:
+    """How many records the log holds: its ``accepted`` lines less its ``forgotten`` ones.
+    One pass over the bytes, no line parsed: a line starts only after a newline, and JSON
+    escapes every newline inside a value."""
+    needles = [f'\n{{"event":"{event}",'.encode() for event in ("accepted", "forgotten")]
+    counts = [0, 0]
+    overlap = max(map(len, needles)) - 1
+    try:
+        handle = os.fdopen(open_file(path, os.O_RDONLY, what=_WHAT), "rb")
+    except FileNotFoundError:
+        return 0
+    with handle:
+        carry = b"\n"  # the first line starts after an imagined newline
+        while chunk := handle.read(_COUNT_CHUNK):
+            data = carry + chunk
+            for number, needle in enumerate(needles):
+                counts[number] += data.count(needle)
+            carry = data[-overlap:]  # too short to hold a whole needle: none counted twice
+    return max(0, counts[0] - counts[1])

@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import DBAPIError
 
-from outbox.core.errors import StoreUnreadable
+from outbox.core.errors import DatabaseLacksRecords, StoreUnreadable
 from outbox.core.naming import key_prefix
 from outbox.core.receipt import Receipt
 from outbox.core.states import SETTLED, DeliveryState, ReceiptStatus
+from outbox.mirror.jsonl import record_count
 from outbox.store.driver_errors import reason_of
+from outbox.write.fallback import FallbackQueue
 
 if TYPE_CHECKING:
     from outbox.core.config import Settings
@@ -28,20 +30,39 @@ if TYPE_CHECKING:
     from outbox.store.storage import Storage
 
 
-def status_report(storage: Storage, settings: Settings) -> dict[str, Any]:
+def status_report(
+    storage: Storage, settings: Settings, missing: DatabaseLacksRecords | None = None
+) -> dict[str, Any]:
     """Counts per sink and state, the oldest pending age, what is failing right now and why,
     and every dispatcher daemon on record. A database that cannot be read is an error naming
-    it, not a driver message."""
+    it, not a driver message. With ``missing`` (records the log names and the database
+    lacks), what is missing and the command that brings it back; a deleted SQLite file is
+    counted as empty, not created anew to be read."""
     try:
-        return _status(storage, settings, time.time())
+        report = _status(storage, settings, time.time(), read=not (missing and missing.gone))
     except (DBAPIError, sqlite3.Error) as exc:
         raise StoreUnreadable.of(settings.db_url, exc, reason_of(exc)) from None
+    if missing is not None:
+        report["missing"] = missing_view(report["records"], settings, missing)
+    return report
 
 
-def _status(storage: Storage, settings: Settings, now: float) -> dict[str, Any]:
-    counts = storage.deliveries.counts()
-    oldest = storage.deliveries.oldest_pending()
-    retrying = storage.deliveries.retrying()
+def missing_view(records: int, settings: Settings, missing: DatabaseLacksRecords) -> dict[str, Any]:
+    """What the database lacks: its count against the log's (one pass over the log's bytes),
+    the writes waiting in the fallback queue meanwhile, and what to run."""
+    return {
+        "database_records": records,
+        "log_records": record_count(settings.jsonl_path),
+        "fallback_waiting": FallbackQueue(settings.markdown_dir, settings.sinks).pending_count(),
+        "run": missing.command,
+        "problem": str(missing),
+    }
+
+
+def _status(storage: Storage, settings: Settings, now: float, *, read: bool) -> dict[str, Any]:
+    counts = storage.deliveries.counts() if read else {}
+    oldest = storage.deliveries.oldest_pending() if read else {}
+    retrying = storage.deliveries.retrying() if read else {}
     sinks = list(dict.fromkeys([*settings.sinks, *counts]))
     per_sink = {
         sink: {
@@ -54,10 +75,12 @@ def _status(storage: Storage, settings: Settings, now: float) -> dict[str, Any]:
         for sink in sinks
     }
     return {
-        "records": storage.records.count_records(),
+        "records": storage.records.count_records() if read else 0,
         "sinks": per_sink,
         "dead_letters": sum(entry["dead"] for entry in per_sink.values()),
-        "dispatchers": [dispatcher_view(beat, now) for beat in storage.heartbeats.all()],
+        "dispatchers": [dispatcher_view(beat, now) for beat in storage.heartbeats.all()]
+        if read
+        else [],
         # Never the password of a PostgreSQL URL: status output ends up in logs and issues.
         "database": storage.engine.url.render_as_string(hide_password=True),
         "jsonl_path": str(settings.jsonl_path),

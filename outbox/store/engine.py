@@ -35,21 +35,31 @@ def _prepare_sqlite_file(path: Path) -> None:
         os.close(fd)
 
 
+def _prepare_before_connecting(engine: Engine, path: Path) -> None:
+    """The file is made owner-only just before a connection would create it, not when the
+    engine is built: an open that finds the database deleted (``mirror/gap.py``) then leaves
+    nothing in its place."""
+
+    @event.listens_for(engine, "do_connect")
+    def _before(*_args: Any) -> None:
+        # When this fails SQLite reports it on first use, and the write then falls back.
+        with contextlib.suppress(OSError):
+            _prepare_sqlite_file(path)
+
+
 def make_engine(settings: Settings, *, writer: bool = True) -> Engine:
     """An engine for ``settings.db_url``; ``writer`` picks BEGIN IMMEDIATE on SQLite."""
     url = settings.db_url
     sqlite = sqlite_url(url)
     if sqlite is not None:
         path = sqlite.path
-        if path is not None and writer:
-            # When this fails SQLite reports it on first use, and the write then falls back.
-            with contextlib.suppress(OSError):
-                _prepare_sqlite_file(path)
         engine = create_engine(
             url,
             connect_args={"timeout": settings.busy_timeout, "check_same_thread": False},
             hide_parameters=True,
         )
+        if path is not None:
+            _prepare_before_connecting(engine, path)
         _install_sqlite_discipline(engine, settings, writer=writer)
         return engine
     return _make_postgres_engine(url, settings)

@@ -180,6 +180,13 @@ class RecordStore:
                     found[row.key] = row_to_record(row)
         return found
 
+    def held(self, keys: Iterable[str]) -> set[str]:
+        """Which of a few keys are records here, live or tombstones (the open's check that
+        the database holds what its log names)."""
+        with self.reader.connect() as conn:
+            rows = conn.execute(select(records.c.key).where(records.c.key.in_(list(keys))))
+            return {str(row[0]) for row in rows}
+
     def records_after(self, origin: str, seq: int, limit: int = 1000) -> list[StoredRecord]:
         """``origin``'s records written after ``seq``, in write order."""
         with self.reader.connect() as conn:

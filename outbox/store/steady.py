@@ -144,6 +144,18 @@ class SteadyCheck:
         recorded = None if places is None else MirrorPlaces(Path(places[0]), Path(places[1]))
         return bool(revision == SCHEMA_REVISION and recorded == configured)
 
+    def holds(self, keys: Collection[str]) -> bool:
+        """Every key the log names (``jsonl.named_keys``) is a record here, live or a
+        tombstone; anything else is the full open's to refuse (``mirror/gap.py``)."""
+        wanted = set(keys)
+        if not wanted:
+            return True
+        marks = ", ".join("?" * len(wanted))
+        (found,) = self.conn.execute(
+            f'SELECT COUNT(*) FROM records WHERE "key" IN ({marks})', tuple(wanted)
+        ).fetchone()
+        return bool(found == len(wanted))
+
     def catch_up(self, mirror_id: str, mirror: MirrorView, *, fallback_waits: bool) -> Owed | None:
         """Under the mirror lock: the first kind of work the repair of ``mirror_id``'s mirrors
         (with the open's fallback import and purge) would have. None when it would only have

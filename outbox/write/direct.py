@@ -28,6 +28,7 @@ from outbox.core.receipt import Receipt
 from outbox.core.record import Record
 from outbox.core.safe_files import check_store
 from outbox.core.states import MirrorEvent
+from outbox.mirror.jsonl import named_keys
 from outbox.mirror.mirrors import Mirrors
 from outbox.store.driver_errors import UNAVAILABLE_BARE
 from outbox.store.on_demand import StorageOnDemand
@@ -53,7 +54,8 @@ class DirectWrite:
 def add(settings: Settings, record: Record) -> DirectWrite | None:
     """Write ``record`` the way ``Outbox.add`` would; None, having written nothing, when the
     store needs the full open first (no SQLite file yet, another backend or URL form, a
-    schema to migrate, mirror places to record or to refuse)."""
+    schema to migrate, mirror places to record or to refuse, records the log names and the
+    database lacks)."""
     path = sqlite_file(settings.db_url)
     if path is None or not path.is_file():
         return None
@@ -73,8 +75,8 @@ def _add_if_ready(
 ) -> DirectWrite | None:
     """``add`` once the store is open for its checks (on ``checks``)."""
     steady = SteadyCheck(checks)
-    try:
-        ready = steady.ready(settings)
+    try:  # and it holds the records the log names: a gap is the full open's to refuse
+        ready = steady.ready(settings) and steady.holds(named_keys(settings.jsonl_path))
     except sqlite3.Error:
         return None
     if not ready:

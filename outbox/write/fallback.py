@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from outbox.core.errors import DatabaseTimeout, MirrorBusy
+from outbox.core.errors import DatabaseLacksRecords, DatabaseTimeout, MirrorBusy
 from outbox.core.folders import ensure_private_dir
 from outbox.core.record import Record
 from outbox.core.slugs import markdown_filename
@@ -37,6 +37,8 @@ def failure_reason(exc: BaseException) -> FallbackReason:
         return FallbackReason.DB_BUSY
     if isinstance(exc, DatabaseTimeout):
         return FallbackReason.DB_UNREACHABLE
+    if isinstance(exc, DatabaseLacksRecords):
+        return FallbackReason.DB_MISSING
     return reason_of(exc)
 
 

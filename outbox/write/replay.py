@@ -269,7 +269,7 @@ class Replayer:
             item.path.unlink(missing_ok=True)
         except OSError as exc:
             report.warnings.append(
-                f"record {item.record.key[:KEY_PREFIX]}: a second copy of its fallback file "
+                f"record {key_prefix(item.record.key)}: a second copy of its fallback file "
                 f"not removed ({exc.strerror})"
             )
 

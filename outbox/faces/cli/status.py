@@ -16,6 +16,15 @@ def status_text(status: dict[str, Any], now: float | None = None) -> str:
     failing right now (with the error), and the dispatchers: alive, gone or stopped."""
     now = time.time() if now is None else now
     lines = [f"records: {status['records']}"]
+    missing = status.get("missing")
+    if missing:
+        waiting = missing["fallback_waiting"]
+        wait = "write waits" if waiting == 1 else "writes wait"
+        lines.append(
+            f"warning: the database holds {missing['database_records']} records; the log holds "
+            f"{missing['log_records']}; {waiting} {wait} in the fallback queue; "
+            f"run `{missing['run']}`"
+        )
     states = [str(state) for state in DeliveryState]
     width = max([len("sink"), *map(len, status["sinks"])]) + 2
     header = "".join(f"{state:>{max(len(state), 4) + 2}}" for state in states)

@@ -19,6 +19,7 @@ from outbox.faces.cli.progress import StatusLine
 if TYPE_CHECKING:
     from outbox.api import Outbox
     from outbox.core.config import Settings
+    from outbox.core.errors import DatabaseLacksRecords
     from outbox.core.receipt import Receipt
 
 
@@ -63,14 +64,19 @@ def cmd_add(args: argparse.Namespace) -> int:
         if direct.repair_owed:
             _repair(settings)
     else:
-        receipt = _add_through_outbox(settings, content, fields)
+        receipt, missing = _add_through_outbox(settings, content, fields)
+        if missing is not None:  # the receipt says where the write is; this, what to run
+            sys.stderr.write(f"outbox: {missing}\n")
     emit(args, receipt.to_dict(), receipt.text)
     return EXIT_OK
 
 
-def _add_through_outbox(settings: Settings, content: str, fields: dict[str, Any]) -> Receipt:
+def _add_through_outbox(
+    settings: Settings, content: str, fields: dict[str, Any]
+) -> tuple[Receipt, DatabaseLacksRecords | None]:
     """The write through the full outbox: a new store, a schema to migrate, mirror places
-    to record, or another backend."""
+    to record, or another backend; and what the database lacks, when the write fell back
+    because its log names records it does not hold."""
     from outbox.api import Outbox
     from outbox.core.states import ReceiptStatus
 
@@ -80,7 +86,7 @@ def _add_through_outbox(settings: Settings, content: str, fields: dict[str, Any]
         receipt = ob.add(content, **fields)
         if receipt.status != ReceiptStatus.FALLBACK:
             _sync(ob)
-    return receipt
+    return receipt, ob.missing
 
 
 def _repair(settings: Settings) -> None:
