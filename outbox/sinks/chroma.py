@@ -280,17 +280,45 @@ class ChromaSink:
         )
 
     def delete(self, items: Sequence[Held]) -> list[DeleteOutcome]:
-        """Remove forgotten records from the collection recall reads (document id = key)."""
+        """Remove forgotten records from the collection recall reads (document id = key),
+        then purge Chroma's own leftover copies of them."""
         if not items:
             return []
         try:
             self._call("delete", [item.key for item in items])
+            self._purge()
         except Exception as exc:
             failure = chroma_failure(exc)
             if failure is None:
                 raise
             raise failure from exc
         return [Deleted(item.key) for item in items]
+
+    def _purge(self) -> None:
+        """Remove what Chroma's own files keep of deleted documents (``chroma_purge``), with
+        Chroma stopped for it. Only a folder this library runs Chroma on: a server named by
+        ``OUTBOX_CHROMA_URL`` keeps its files out of reach."""
+        backend, _ = self._backend_now()
+        stopped = getattr(backend, "stopped", None)
+        if stopped is None or self.path is None:
+            return
+        from outbox.sinks.chroma_purge import purge_store
+        from outbox.sinks.chroma_service import ChromaServerDown, chroma_command
+
+        try:
+            command: str | None = chroma_command()
+        except ChromaServerDown:  # embedded mode without the command: SQLite's VACUUM alone
+            command = None
+        with stopped():
+            done = purge_store(self.path, command)
+        log.info(
+            "%s: purged Chroma's copies of deleted documents (%d log rows, %d schema keys) "
+            "in %.1f s",
+            self.name,
+            done.log_rows,
+            done.schema_keys,
+            done.seconds,
+        )
 
     def search(
         self, query: str, n_results: int = 5, where: Mapping[str, Any] | None = None
