@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from outbox.core.config import Settings
 from outbox.core.errors import ConfigError, OutboxError
@@ -43,6 +44,16 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# In the Chroma folder while a purge of deleted documents' copies is owed.
+PURGE_OWED = "outbox-purge-owed"
+
+
+@runtime_checkable
+class Stoppable(Protocol):
+    """A backend that can stop the Chroma it runs for work on its files."""
+
+    def stopped(self) -> contextlib.AbstractContextManager[None]: ...
 
 
 class EmbeddingMismatch(OutboxError):
@@ -98,6 +109,9 @@ class ChromaSink:
         self._pointer = IndexPointer(index_home, collection) if index_home else None
         self._checked: dict[tuple[str, str], int] = {}  # (collection, embedder): batch limit
         self._held = threading.local()
+        self._purge_lock = threading.Lock()
+        self._purge_wanted = False
+        self._purger: threading.Thread | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, *, collection: str | None = None) -> ChromaSink:
@@ -146,9 +160,13 @@ class ChromaSink:
 
     def _backend_now(self) -> tuple[Backend, int | None]:
         with self._lock:
+            opened = self._backend is None
             if self._backend is None:
                 self._backend = self._new_backend()
-            return self._backend, self._max_batch
+            backend = self._backend
+        if opened and self.path is not None and (self.path / PURGE_OWED).exists():
+            self._owe_purge()  # a purge that a crash or a failure left owed
+        return backend, self._max_batch
 
     def _new_backend(self) -> Backend:
         """The given server, else the shared one on the folder, else the embedded child."""
@@ -280,7 +298,8 @@ class ChromaSink:
         )
 
     def delete(self, items: Sequence[Held]) -> list[DeleteOutcome]:
-        """Remove forgotten records from the collection recall reads (document id = key)."""
+        """Remove forgotten records from the collection recall reads (document id = key),
+        then purge Chroma's own leftover copies of them."""
         if not items:
             return []
         try:
@@ -290,7 +309,68 @@ class ChromaSink:
             if failure is None:
                 raise
             raise failure from exc
+        self._owe_purge()
         return [Deleted(item.key) for item in items]
+
+    def _purgeable(self, backend: Backend) -> bool:
+        """Only a folder this library runs Chroma on: a server named by ``OUTBOX_CHROMA_URL``
+        keeps its files out of reach."""
+        return self.path is not None and isinstance(backend, Stoppable)
+
+    def _owe_purge(self) -> None:
+        """Purge Chroma's own copies of deleted documents (``chroma_purge``) in a thread of
+        its own: it stops Chroma for seconds, longer than a sink call may take. A marker
+        file keeps the debt across a crash; ``close`` waits for the purge."""
+        backend, _ = self._backend_now()
+        if not self._purgeable(backend):
+            return
+        assert self.path is not None
+        fd = os.open(self.path / PURGE_OWED, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        os.close(fd)
+        with self._purge_lock:
+            self._purge_wanted = True
+            if self._purger is None:
+                self._purger = threading.Thread(
+                    target=self._purge_loop, name="outbox-chroma-purge", daemon=True
+                )
+                self._purger.start()
+
+    def _purge_loop(self) -> None:
+        """Purge until no delete asked for another; a failure leaves the marker for the next
+        delete or the next process to open the sink."""
+        from outbox.sinks.chroma_purge import purge_store
+
+        while True:
+            with self._purge_lock:
+                if not self._purge_wanted:
+                    self._purger = None
+                    return
+                self._purge_wanted = False
+            backend, _ = self._backend_now()
+            assert self.path is not None and isinstance(backend, Stoppable)
+            try:
+                with backend.stopped():
+                    done = purge_store(self.path)
+            except Exception as exc:
+                log.warning(
+                    "%s: purge of Chroma's copies of deleted documents deferred (%s)",
+                    self.name,
+                    exc.__class__.__name__,
+                )
+                with self._purge_lock:
+                    self._purger = None
+                return
+            with self._purge_lock:
+                if not self._purge_wanted:
+                    (self.path / PURGE_OWED).unlink(missing_ok=True)
+            log.info(
+                "%s: purged Chroma's copies of deleted documents (%d log rows, %d schema "
+                "keys) in %.1f s",
+                self.name,
+                done.log_rows,
+                done.schema_keys,
+                done.seconds,
+            )
 
     def search(
         self, query: str, n_results: int = 5, where: Mapping[str, Any] | None = None
@@ -314,6 +394,10 @@ class ChromaSink:
         return int(self._call("count"))
 
     def close(self) -> None:
+        with self._purge_lock:
+            purger = self._purger
+        if purger is not None:  # the promise of a forget: Chroma's files lose the words
+            purger.join()
         with self._lock:
             backend, self._backend, self._max_batch = self._backend, None, None
             self._checked = {}

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from multiprocessing.connection import Connection, Pipe
 from pathlib import Path
 from typing import IO, Any, NoReturn
@@ -192,6 +193,27 @@ class LocalBackend:
             raise ChromaChildGone("this Chroma sink is closed")
         return self._child.request(self.timeout + _GRACE, op, args)
 
+    @contextlib.contextmanager
+    def stopped(self) -> Iterator[None]:
+        """No Chroma on the folder for the block, for work on its files (a forget's purge):
+        the child exits and this process holds the owner lock; the next call starts a child."""
+        child = self._child
+        if child is None:
+            raise ChromaChildGone("this Chroma sink is closed")
+        if not child.lock.acquire(timeout=self.timeout + _GRACE):
+            raise ChromaStalled(f"the embedded Chroma at {child.path} is still busy")
+        try:
+            child.stop()  # end of input: it closes its client and exits, freeing the lock
+            child.unanswered, child.starting = 0, False
+            ownership = _Ownership(child.path, os.getpid())
+            ownership.ensure()
+            try:
+                yield
+            finally:
+                ownership.release()
+        finally:
+            child.lock.release()
+
     def close(self) -> None:
         child, self._child = self._child, None
         if child is None:
@@ -210,9 +232,10 @@ class LocalBackend:
 class _Ownership:
     """An exclusive ``flock`` on a file in the store folder, held for the child's life."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, holder: int | None = None) -> None:
         self.path = path / OWNER_LOCK
         self.handle: IO[str] | None = None
+        self.holder = holder  # whose pid the file names: the child's parent unless given
 
     def ensure(self) -> None:
         if self.handle is not None:
@@ -232,9 +255,14 @@ class _Ownership:
             ) from None
         handle.seek(0)
         handle.truncate()
-        handle.write(f"{os.getppid()}\n")
+        handle.write(f"{self.holder or os.getppid()}\n")
         handle.flush()
         self.handle = handle
+
+    def release(self) -> None:
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            handle.close()  # closing the only descriptor lets go of the lock
 
 
 def _portable(exc: Exception) -> Exception:

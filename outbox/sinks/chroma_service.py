@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -182,6 +182,32 @@ class SharedServer:
         ):
             return self._start_or_wait()
 
+    @contextlib.contextmanager
+    def stopped(self) -> Iterator[None]:
+        """No Chroma on the folder for the block, for work on its files (a forget's purge):
+        the server is stopped, the start lock keeps a new one from starting and the owner
+        lock an embedded one; the next call after the block starts a fresh server."""
+        lock, bound = self.folder / START_LOCK, 2 * STARTUP + 30
+        with exclusive(
+            lock,
+            "Chroma server's start lock",
+            lambda: ChromaServerDown(
+                f"the Chroma server's start lock stayed locked for {bound:g} s: {lock}"
+            ),
+            wait=bound,
+        ):
+            state, owner = read_state(self.folder), owner_of(self.folder)
+            if state is not None and owner is not None and owner.split()[0] == str(state.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(state.pid, signal.SIGTERM)
+            with (self.folder / OWNER_LOCK).open("a+", encoding="utf-8") as handle:
+                wait_flock(handle, fcntl.LOCK_EX, STARTUP, "the Chroma store's owner lock")
+                handle.seek(0)
+                handle.truncate()
+                handle.write(f"{os.getpid()} chroma purge\n")
+                handle.flush()
+                yield
+
     def _start_or_wait(self) -> ServerState:
         child: subprocess.Popen[bytes] | None = None
         tries, stopped = 0, False
@@ -331,6 +357,17 @@ class SharedBackend:
             if self._inner is inner:
                 self._inner = None
         inner.close()
+
+    @contextlib.contextmanager
+    def stopped(self) -> Iterator[None]:
+        """The shared server stopped for the block (``SharedServer.stopped``); this
+        backend's connection is dropped first, and the next call finds the new server."""
+        with self._lock:
+            inner, self._inner = self._inner, None
+        if inner is not None:
+            inner.close()
+        with self.server.stopped():
+            yield
 
     def call(self, op: str, *args: Any) -> Any:
         inner = self._connected()
