@@ -118,9 +118,12 @@ class ServerState:
 
 def private_folder(folder: Path) -> None:
     """The Chroma folder: created 0700 (parents too) if missing; refused if another user
-    owns it or may write it."""
+    owns it or may write it, or if a link or someone else's file sits at a name we open (so
+    the refusal is one line here, not a server that failed to start)."""
     ensure_private_dir(folder)
     check_folder(folder, "Chroma folder (OUTBOX_CHROMA_PATH)")
+    for name in (OWNER_LOCK, USERS_LOCK, START_LOCK, LOG, LOG + ".1", STATE, KEY, SOCKET):
+        check_file(folder / name, "Chroma server file")
 
 
 def server_key(folder: Path, create: bool = False) -> bytes:
