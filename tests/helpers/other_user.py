@@ -5,10 +5,12 @@ project's venv may sit where that user cannot read) as user ``nobody`` (uid 6553
 supplementary groups, through ``setpriv``; ``sys.argv[1:]`` are ``args``. It returns the
 finished process (stdout, stderr, returncode as text). ``needs_other_user`` is a pytest mark
 that skips, with the reason shown, when this process cannot switch users (not root, or no
-setpriv or python3). Paths handed to the snippet must be traversable by that user for the
-attack to reach the file it tries: ``reachable(folder)`` makes a new folder below /tmp whose
-own bits let anyone through, so a refusal comes from the store's files and not from the test's
-private temporary folder.
+setpriv or python3), except under ``OUTBOX_REQUIRE_OTHER_USER=1`` (CI), where it fails.
+
+Paths handed to the snippet must be traversable by that user for the attack to reach the
+file it tries: ``reachable()`` makes a new folder below /tmp whose own bits let anyone
+through, so a refusal comes from the store's files and not from the test's private
+temporary folder.
 """
 
 from __future__ import annotations
@@ -36,11 +38,18 @@ def why_not() -> str | None:
     return None
 
 
-needs_other_user = pytest.mark.skipif(why_not() is not None, reason=why_not() or "")
+# CI (.ci/run) sets OUTBOX_REQUIRE_OTHER_USER=1: there the test runs and fails instead.
+needs_other_user = pytest.mark.skipif(
+    why_not() is not None and os.environ.get("OUTBOX_REQUIRE_OTHER_USER") != "1",
+    reason=f"no second local user: {why_not()}",
+)
 
 
 def as_other_user(code: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run ``code`` as uid/gid 65534 and wait for it."""
+    problem = why_not()
+    if problem is not None:
+        raise RuntimeError(f"cannot run as another user: {problem}")
     command = ["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups"]
     command += ["--", PYTHON, "-I", "-c", code, *args]
     return subprocess.run(
