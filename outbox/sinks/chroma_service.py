@@ -91,6 +91,16 @@ HANDSHAKE = 10.0
 _TRIES = 3
 _POLL = 0.1
 _LOG_LIMIT = 8 << 20
+_FILES = {
+    OWNER_LOCK: "Chroma owner lock",
+    USERS_LOCK: "Chroma users lock",
+    START_LOCK: "Chroma server's start lock",
+    LOG: "Chroma server log",
+    LOG + ".1": "old Chroma server log",
+    STATE: "Chroma server state file",
+    KEY: "Chroma server key",
+    SOCKET: "Chroma server socket",
+}
 _GREETING = b"outbox-chroma-1"
 _NONCE = 32
 
@@ -122,8 +132,8 @@ def private_folder(folder: Path) -> None:
     the refusal is one line here, not a server that failed to start)."""
     ensure_private_dir(folder)
     check_folder(folder, "Chroma folder (OUTBOX_CHROMA_PATH)")
-    for name in (OWNER_LOCK, USERS_LOCK, START_LOCK, LOG, LOG + ".1", STATE, KEY, SOCKET):
-        check_file(folder / name, "Chroma server file")
+    for name, what in _FILES.items():
+        check_file(folder / name, what)
 
 
 def server_key(folder: Path, create: bool = False) -> bytes:
