@@ -1,4 +1,4 @@
-"""Many processes, one store folder, nothing configured: they share one ``chroma run`` server
+"""Many processes, one store folder, nothing configured: they share one Chroma server
 that the first of them starts, that outlives it, and that the next one restarts if it dies.
 
 Real processes and real Chroma throughout: ``outbox run``, ``outbox mcp --drain`` with a real
@@ -111,12 +111,13 @@ def delivered(settings: Settings, keys: list[str]) -> bool:
 
 
 def documents_by_id(settings: Settings, keys: list[str]) -> tuple[int, int]:
-    """(documents whose id is one of ``keys``, documents in the collection), read over HTTP
-    from the shared server with a client of our own."""
+    """(documents whose id is one of ``keys``, documents in the collection), read with a client
+    of our own once the shared server is stopped (it answers only the sink's calls)."""
     state = read_state(settings.chroma_path)
-    assert state is not None and answers(state)
+    assert state is not None and answers(settings.chroma_path, state)
     sink = ChromaSink.from_settings(settings)  # the collection name, however it is chosen
-    client: Any = chromadb.HttpClient(host=state.host, port=state.port)
+    stop_shared_server(settings.chroma_path)
+    client: Any = chromadb.PersistentClient(str(settings.chroma_path))
     try:
         collection = client.get_collection(sink.collection_name)
         return len(collection.get(ids=keys, include=[])["ids"]), int(collection.count())
@@ -140,7 +141,7 @@ def assert_found_by_vector(answer: dict[str, Any], key: str) -> None:
 # -- (a) side by side ----------------------------------------------------------------------
 
 
-async def _mcp_side_by_side(env: dict[str, str], tmp_path: Path) -> None:
+async def _mcp_side_by_side(env: dict[str, str], tmp_path: Path) -> list[str]:
     settings = settings_of(env)
     params = StdioServerParameters(
         command=sys.executable, args=["-m", "outbox", "mcp", "--drain"], env=env, cwd=str(tmp_path)
@@ -177,7 +178,7 @@ async def _mcp_side_by_side(env: dict[str, str], tmp_path: Path) -> None:
         every = [row.key for row in ob.recent_memories(50)]
     assert len(every) == len(TOPICS) + 1
     wait_for(lambda: delivered(settings, every), "delivery of the drained record")
-    assert documents_by_id(settings, every) == (len(every), len(every))
+    return every
 
 
 def test_daemon_mcp_server_and_searchers_share_one_server(
@@ -185,7 +186,7 @@ def test_daemon_mcp_server_and_searchers_share_one_server(
 ) -> None:
     runner = daemon(env, tmp_path / "run.log")
     try:
-        asyncio.run(_mcp_side_by_side(env, tmp_path))
+        every = asyncio.run(_mcp_side_by_side(env, tmp_path))
         assert runner.poll() is None, (tmp_path / "run.log").read_text()
     finally:
         stop(runner)
@@ -193,6 +194,7 @@ def test_daemon_mcp_server_and_searchers_share_one_server(
     state = read_state(folder)
     assert state is not None and supervisors(folder) == [state.pid]
     assert "db_busy" not in (tmp_path / "run.log").read_text()
+    assert documents_by_id(settings_of(env), every) == (len(every), len(every))
 
 
 # -- (b) the starter dies; the server dies -------------------------------------------------
@@ -214,7 +216,8 @@ def test_the_server_outlives_its_starter_and_is_restarted_when_it_dies(
         starter.kill()  # SIGKILL
         starter.wait(30)
     time.sleep(1.0)
-    assert answers(state) and read_state(folder) == state, "the server died with its starter"
+    assert answers(folder, state), "the server died with its starter"
+    assert read_state(folder) == state
 
     service = MemoryService(Outbox.open(settings))
     try:
@@ -235,8 +238,8 @@ def test_the_server_outlives_its_starter_and_is_restarted_when_it_dies(
     finally:
         service.close()
     assert delivered(settings, keys)
-    assert documents_by_id(settings, keys) == (len(keys), len(keys))
     assert supervisors(folder) == [restarted.pid]
+    assert documents_by_id(settings, keys) == (len(keys), len(keys))
 
 
 # -- (c) a race to start it ----------------------------------------------------------------
@@ -247,7 +250,7 @@ from pathlib import Path
 from outbox.sinks.chroma_service import SharedServer
 sys.stdin.readline()
 state = SharedServer(Path(sys.argv[1]), 600.0).endpoint()
-print(json.dumps([state.pid, state.port]), flush=True)
+print(json.dumps([state.pid]), flush=True)
 """
 
 
@@ -270,7 +273,7 @@ def test_processes_racing_to_start_it_start_exactly_one(tmp_path: Path) -> None:
             racer.stdin.flush()
         answers_seen = {racer.communicate(timeout=180)[0].strip() for racer in racers}
         assert len(answers_seen) == 1, answers_seen
-        (pid, _port) = json.loads(answers_seen.pop())
+        (pid,) = json.loads(answers_seen.pop())
         assert supervisors(folder) == [pid]
         log = (folder / "outbox-server.log").read_text(encoding="utf-8")
         assert log.count("outbox chroma supervisor") == 1, log
@@ -295,7 +298,7 @@ def test_an_unused_server_stops_by_itself_and_a_user_keeps_it(tmp_path: Path) ->
         state = read_state(folder)
         assert state is not None
         time.sleep(4.0)  # longer than the idle time, but the sink is still open
-        assert answers(state)
+        assert answers(folder, state)
     finally:
         sink.close()
         wait_for(lambda: not shared_server_processes(folder), "the idle stop", 60)

@@ -12,7 +12,7 @@ import errno
 import os
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from outbox.core.errors import OutboxError
 
@@ -89,3 +89,20 @@ def check_store(settings: Settings, database: Path | None) -> None:
     if database is not None:
         for suffix in ("", "-wal", "-shm", "-journal"):
             check_file(database.with_name(database.name + suffix), "database file")
+
+
+def open_stream(path: Path, what: str, mode: str = "a+") -> IO[str]:
+    """A text file object over ``open_file`` (append and read, created 0600): for the lock
+    files whose handles ``flock`` holds."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_APPEND
+    return os.fdopen(open_file(path, flags, 0o600, what), mode, encoding="utf-8")
+
+
+def check_unshared(path: Path, fd: int, what: str) -> None:
+    """Refuse a secret file that group or others may read: a key they could copy is no key."""
+    info = os.fstat(fd)
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise UnsafeFile(
+            f"{what} {path} is readable by other users (mode {stat.S_IMODE(info.st_mode):o}); "
+            "make it owner-only (chmod 600)"
+        )

@@ -36,6 +36,7 @@ from typing import IO, Any, NoReturn
 import outbox
 from outbox.core.errors import OutboxError
 from outbox.core.folders import ensure_private_dir
+from outbox.core.safe_files import check_folder, open_stream
 from outbox.core.states import FailureReason
 from outbox.sinks.base import Transient
 
@@ -94,6 +95,7 @@ class _Child:
                 pass_fds=(theirs.fileno(),),  # its end, and no other process's
                 env={**os.environ, "PYTHONPATH": path},
                 start_new_session=True,  # a Ctrl-C meant for us must not kill it mid-write
+                umask=0o077,  # Chroma's own files 0600, its folders 0700
             )
         except BaseException:
             ours.close()
@@ -241,7 +243,8 @@ class _Ownership:
         if self.handle is not None:
             return
         ensure_private_dir(self.path.parent)  # owner-only, as the shared server makes it
-        handle = self.path.open("a+", encoding="utf-8")
+        check_folder(self.path.parent, "Chroma folder (OUTBOX_CHROMA_PATH)")
+        handle = open_stream(self.path, "Chroma owner lock")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -265,7 +268,7 @@ class _Ownership:
             handle.close()  # closing the only descriptor lets go of the lock
 
 
-def _portable(exc: Exception) -> Exception:
+def portable(exc: Exception) -> Exception:
     """The exception itself when it survives pickling (the sink classifies it by class)."""
     try:
         pickle.loads(pickle.dumps(exc))
@@ -296,13 +299,14 @@ def serve(path: Path, conn: Connection) -> None:
                 ops = CollectionOps(chromadb.PersistentClient(str(path)))
             reply: tuple[str, Any] = ("ok", getattr(ops, op)(*args))
         except Exception as exc:
-            reply = ("error", _portable(exc))
+            reply = ("error", portable(exc))
         conn.send(reply)
     if ops is not None:
         ops.close()
 
 
 def main() -> None:
+    os.umask(0o077)  # whoever started us: what Chroma writes stays the owner's
     os.dup2(2, 1)  # a stray print from a library lands on stderr, not the parent's output
     conn = Connection(int(sys.argv[2]))
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the parent went away

@@ -1,12 +1,28 @@
-"""One shared ``chroma run`` server per store folder, started by whichever process needs it.
+"""One shared Chroma server per store folder, started by whichever process needs it, and
+reachable by its owner alone.
 
 An embedded Chroma folder may be open in one process only (two writers corrupt it), so when
-``OUTBOX_CHROMA_URL`` is unset every process on the machine talks to one loopback server for
-the folder: the first that needs it starts it detached (``chroma_supervisor``), the others
-find it through a state file. It lives on when its starter dies. Files in the store folder:
+``OUTBOX_CHROMA_URL`` is unset every process on the machine talks to one server process for
+the folder: the first that needs it starts it detached (``chroma_supervisor``), the others find
+it at a fixed Unix socket in the folder. It lives on when its starter dies.
 
-* ``outbox-server.json``: the server's port and process ids, replaced atomically;
-* ``outbox-server.log``: the server's output and its supervisor's own lines;
+Why not ``chroma run``: chromadb 1.5.9's ``chroma run`` (Chroma CLI 1.4.4) serves HTTP on a
+TCP port with no authentication at all (it passes the no-op ``()`` authenticator to its
+frontend), and any local user can connect to a loopback port; so another user could list,
+read and delete every memory. Instead the supervisor opens the folder itself with chromadb's
+embedded client and answers the sink's calls (``CollectionOps``) over a Unix socket in the
+owner-only (0700) folder: no TCP port exists, the filesystem keeps other users from the
+socket, and each connection starts with a mutual challenge on a per-folder key, so a client
+sends nothing until the server has proved it holds the key, and the server runs nothing for a
+client that has not. The address is never read from a file another process could write.
+
+Files in the store folder (all 0600, the folder 0700; a symlink at any of these names, or a
+folder or file another user owns or may write, is refused before anything is written):
+
+* ``outbox-server.key``: the folder's secret, made once by the first starter;
+* ``outbox-server.sock``: the server's socket;
+* ``outbox-server.json``: the server's process id, replaced atomically;
+* ``outbox-server.log``: the supervisor's lines;
 * ``outbox-start.lock``: one process at a time checks, starts or restarts the server (taken
   with ``core/file_lock``; the supervisor holds it with a plain flock while it stops idle);
 * ``outbox-owner.lock``: flock held by the server for its whole life (an embedded child takes
@@ -14,25 +30,31 @@ find it through a state file. It lives on when its starter dies. Files in the st
 * ``outbox-users.lock``: a shared flock per process using the server; with none left for
   ``OUTBOX_CHROMA_IDLE`` the server stops.
 
-Nothing here imports chromadb; the HTTP calls themselves are ``chroma_client.ServerBackend``'s.
+Nothing here imports chromadb; its exceptions arrive pickled from the server.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import hashlib
+import hmac
 import json
 import logging
 import os
-import shutil
+import secrets
 import signal
+import socket
+import stat
+import struct
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import IO, Any
 
@@ -40,10 +62,18 @@ import outbox
 from outbox.core.errors import OutboxError
 from outbox.core.file_lock import exclusive
 from outbox.core.folders import ensure_private_dir
+from outbox.core.safe_files import (
+    UnsafeFile,
+    check_file,
+    check_folder,
+    check_unshared,
+    open_file,
+    open_stream,
+)
 from outbox.core.states import FailureReason
 from outbox.sinks.base import Transient
-from outbox.sinks.chroma_client import ServerBackend, chroma_failure
-from outbox.sinks.chroma_local import OWNER_LOCK
+from outbox.sinks.chroma_client import chroma_failure
+from outbox.sinks.chroma_local import OWNER_LOCK, ChromaStalled
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +81,28 @@ STATE = "outbox-server.json"
 LOG = "outbox-server.log"
 START_LOCK = "outbox-start.lock"
 USERS_LOCK = "outbox-users.lock"
-HOST = "127.0.0.1"
-# How long a new server may take to answer its first heartbeat (Python start, then Chroma's
-# own start, on a busy machine), and how long a live one may stay silent before it is stopped.
+SOCKET = "outbox-server.sock"
+KEY = "outbox-server.key"
+# How long a new server may take to answer its first ping (Python start, then chromadb's
+# import and the store's opening, on a busy machine), and how long a live one may stay silent
+# before it is stopped.
 STARTUP = 60.0
+HANDSHAKE = 10.0
 _TRIES = 3
 _POLL = 0.1
 _LOG_LIMIT = 8 << 20
+_FILES = {
+    OWNER_LOCK: "Chroma owner lock",
+    USERS_LOCK: "Chroma users lock",
+    START_LOCK: "Chroma server's start lock",
+    LOG: "Chroma server log",
+    LOG + ".1": "old Chroma server log",
+    STATE: "Chroma server state file",
+    KEY: "Chroma server key",
+    SOCKET: "Chroma server socket",
+}
+_GREETING = b"outbox-chroma-1"
+_NONCE = 32
 
 
 class ChromaServerDown(Transient, OutboxError):
@@ -68,40 +113,141 @@ class ChromaServerDown(Transient, OutboxError):
         super().__init__(message, FailureReason.TRANSPORT_CLOSED)
 
 
+class ImpostorServer(ChromaServerDown):
+    """Something answers at the folder's socket but cannot prove it holds the folder's key;
+    nothing was sent to it."""
+
+
 @dataclass(frozen=True)
 class ServerState:
-    """What ``outbox-server.json`` says: the supervisor's pid, Chroma's pid and its port."""
+    """What ``outbox-server.json`` says: the supervisor's process id (it has the store open).
+    It names no address: the socket's place is fixed by the folder."""
 
     pid: int
-    chroma_pid: int
-    port: int
-    host: str = HOST
 
 
-def chroma_command() -> str:
-    """The ``chroma`` console script of this interpreter's environment, else on PATH."""
-    beside = Path(sys.executable).with_name("chroma")
-    found = str(beside) if beside.exists() else shutil.which("chroma")
-    if not found:
-        raise ChromaServerDown(
-            f"no chroma command beside {sys.executable} or on PATH (pip install chromadb), "
-            "or set OUTBOX_CHROMA_URL to a running server"
+def private_folder(folder: Path) -> None:
+    """The Chroma folder: created 0700 (parents too) if missing; refused if another user
+    owns it or may write it, or if a link or someone else's file sits at a name we open (so
+    the refusal is one line here, not a server that failed to start)."""
+    ensure_private_dir(folder)
+    check_folder(folder, "Chroma folder (OUTBOX_CHROMA_PATH)")
+    for name, what in _FILES.items():
+        check_file(folder / name, what)
+
+
+def server_key(folder: Path, create: bool = False) -> bytes:
+    """The folder's secret (``create``: made now if missing, 0600, never through a link)."""
+    path = folder / KEY
+    try:
+        fd = open_file(path, os.O_RDONLY, what="Chroma server key")
+    except FileNotFoundError:
+        if not create:
+            raise ChromaServerDown(f"no Chroma server key in {folder}") from None
+        with contextlib.suppress(FileExistsError):  # another starter made it first
+            fd = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, what="Chroma server key")
+            with os.fdopen(fd, "wb") as out:
+                out.write(secrets.token_bytes(_NONCE))
+        fd = open_file(path, os.O_RDONLY, what="Chroma server key")
+    with os.fdopen(fd, "rb") as handle:
+        check_unshared(path, handle.fileno(), "Chroma server key")
+        key = handle.read(4 * _NONCE)
+    if len(key) < _NONCE:
+        raise UnsafeFile(f"Chroma server key {path} is too short; remove it to make a new one")
+    return key
+
+
+def _proof(key: bytes, side: bytes, first: bytes, second: bytes) -> bytes:
+    return hmac.new(key, side + first + second, hashlib.sha256).digest()
+
+
+def prove_server(conn: Connection, key: bytes) -> None:
+    """The server's half of the handshake: prove the key, then check the client's proof."""
+    greeting = conn.recv_bytes(len(_GREETING) + _NONCE)
+    if not greeting.startswith(_GREETING) or len(greeting) != len(_GREETING) + _NONCE:
+        raise ConnectionError("not an outbox client")
+    theirs, ours = greeting[len(_GREETING) :], secrets.token_bytes(_NONCE)
+    conn.send_bytes(ours + _proof(key, b"server", theirs, ours))
+    if not hmac.compare_digest(conn.recv_bytes(64), _proof(key, b"client", ours, theirs)):
+        raise ConnectionError("the client does not hold the key")
+    conn.send_bytes(b"ok")
+
+
+def prove_client(conn: Connection, key: bytes, where: Path) -> None:
+    """The client's half: nothing but nonces and proofs is sent until the server proved it
+    holds the key (an impostor learns no document)."""
+    ours = secrets.token_bytes(_NONCE)
+    conn.send_bytes(_GREETING + ours)
+    answer = conn.recv_bytes(2 * _NONCE)
+    theirs, proof = answer[:_NONCE], answer[_NONCE:]
+    if len(theirs) != _NONCE or not hmac.compare_digest(
+        proof, _proof(key, b"server", ours, theirs)
+    ):
+        raise ImpostorServer(
+            f"the process at {where} could not prove it is this store's Chroma server; "
+            "nothing was sent to it"
         )
-    return found
+    conn.send_bytes(_proof(key, b"client", theirs, ours))
+    if conn.recv_bytes(8) != b"ok":
+        raise ImpostorServer(f"the Chroma server at {where} refused this client's key")
+
+
+def bounded(sock: socket.socket, timeout: float) -> None:
+    """Blocking I/O that gives up after ``timeout`` (a frozen peer becomes an error)."""
+    whole = int(timeout)
+    value = struct.pack("ll", whole, int((timeout - whole) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+
+
+def connect(folder: Path, timeout: float) -> Connection:
+    """An authenticated connection to the folder's server; ChromaServerDown if none answers."""
+    path = folder / SOCKET
+    check_file(path, "Chroma server socket")
+    key = server_key(folder)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        bounded(sock, timeout)
+        sock.connect(str(path))
+    except OSError as exc:
+        sock.close()
+        raise ChromaServerDown(f"no Chroma server answers at {path} ({exc.strerror})") from None
+    conn = Connection(sock.detach())
+    try:
+        prove_client(conn, key, path)
+    except (OSError, EOFError) as exc:
+        conn.close()
+        raise ChromaServerDown(
+            f"the Chroma server at {path} did not finish the handshake ({type(exc).__name__})"
+        ) from None
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def read_state(folder: Path) -> ServerState | None:
     try:
-        data = json.loads((folder / STATE).read_text(encoding="utf-8"))
-        return ServerState(int(data["pid"]), int(data["chroma_pid"]), int(data["port"]))
+        fd = open_file(folder / STATE, os.O_RDONLY, what="Chroma server state file")
+    except FileNotFoundError:
+        return None
+    try:
+        with os.fdopen(fd, encoding="utf-8") as handle:
+            return ServerState(int(json.load(handle)["pid"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
 def write_state(folder: Path, state: ServerState) -> None:
-    """Write-then-rename, so a reader sees the old file or the new one, never half of one."""
+    """Write-then-rename, so a reader sees the old file or the new one, never half of one;
+    the temporary file is made new (a link or file planted at its name is refused)."""
     temporary = folder / f".{STATE}.{os.getpid()}"
-    temporary.write_text(json.dumps(asdict(state)), encoding="utf-8")
+    check_file(temporary, "Chroma server state file")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(temporary)  # our own, left by a process of ours that died with this pid
+    fd = open_file(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, what="Chroma server state")
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        json.dump(asdict(state), out)
     os.replace(temporary, folder / STATE)
 
 
@@ -132,7 +278,7 @@ def wait_flock(handle: IO[Any], mode: int, timeout: float, what: str) -> None:
 
 def owner_of(folder: Path) -> str | None:
     """Who holds the store's owner lock (its file's text), or None when nobody does."""
-    with (folder / OWNER_LOCK).open("a+", encoding="utf-8") as handle:
+    with open_stream(folder / OWNER_LOCK, "Chroma owner lock") as handle:
         if try_flock(handle, fcntl.LOCK_EX):
             fcntl.flock(handle, fcntl.LOCK_UN)
             return None
@@ -140,15 +286,22 @@ def owner_of(folder: Path) -> str | None:
         return handle.read().strip() or "unknown"
 
 
-def answers(state: ServerState, timeout: float = 2.0) -> bool:
-    """Whether Chroma's heartbeat answers on the state's port (a pid alone may be reused)."""
-    url = f"http://{state.host}:{state.port}/api/v2/heartbeat"
-    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: no proxy
+def answers(folder: Path, state: ServerState, timeout: float = 2.0) -> bool:
+    """Whether the server named by ``state`` answers at the folder's socket and proves it
+    holds the key (a pid alone may be reused, a socket taken over)."""
     try:
-        with direct.open(url, timeout=timeout) as reply:
-            return bool(reply.status == 200 and b"heartbeat" in reply.read(4096))
-    except (OSError, ValueError):
+        conn = connect(folder, timeout)
+    except ChromaServerDown:
         return False
+    with conn:
+        try:
+            conn.send(("ping", ()))
+            if not conn.poll(timeout):
+                return False
+            status, pid = conn.recv()
+        except (OSError, EOFError, ValueError):
+            return False
+    return bool(status == "ok" and pid == state.pid)
 
 
 _started: list[subprocess.Popen[bytes]] = []
@@ -166,10 +319,11 @@ class SharedServer:
         self.log_path = self.folder / LOG
 
     def endpoint(self) -> ServerState:
-        """A running, answering server: found, or started (once, under the start lock)."""
-        ensure_private_dir(self.folder)
+        """A running server that proved it holds the key: found, or started (once, under the
+        start lock)."""
+        private_folder(self.folder)
         state = read_state(self.folder)
-        if state is not None and answers(state) and owner_of(self.folder):
+        if state is not None and answers(self.folder, state) and owner_of(self.folder):
             return state
         lock, bound = self.folder / START_LOCK, 2 * STARTUP + 30
         with exclusive(
@@ -180,6 +334,7 @@ class SharedServer:
             ),
             wait=bound,
         ):
+            server_key(self.folder, create=True)
             return self._start_or_wait()
 
     @contextlib.contextmanager
@@ -200,7 +355,7 @@ class SharedServer:
             if state is not None and owner is not None and owner.split()[0] == str(state.pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(state.pid, signal.SIGTERM)
-            with (self.folder / OWNER_LOCK).open("a+", encoding="utf-8") as handle:
+            with open_stream(self.folder / OWNER_LOCK, "Chroma owner lock") as handle:
                 wait_flock(handle, fcntl.LOCK_EX, STARTUP, "the Chroma store's owner lock")
                 handle.seek(0)
                 handle.truncate()
@@ -215,7 +370,7 @@ class SharedServer:
         while True:
             state = read_state(self.folder)
             owner = owner_of(self.folder)
-            if state is not None and owner and answers(state):
+            if state is not None and owner and answers(self.folder, state):
                 return state
             if child is not None and child.poll() is not None:  # it gave up; see the log
                 child = None
@@ -224,7 +379,7 @@ class SharedServer:
                     raise ChromaServerDown(f"closed: no new Chroma server for {self.folder}")
                 if tries == _TRIES:
                     raise ChromaServerDown(
-                        f"chroma run for {self.folder} did not start ({tries} tries); "
+                        f"the Chroma server for {self.folder} did not start ({tries} tries); "
                         f"see {self.log_path}"
                     )
                 remove_state(self.folder)
@@ -259,24 +414,32 @@ class SharedServer:
                 "OUTBOX_CHROMA_MODE (server, the default) in every process using it"
             )
         return ChromaServerDown(
-            f"the Chroma server for {self.folder} (process {owner}) gave no heartbeat within "
+            f"the Chroma server for {self.folder} (process {owner}) did not answer within "
             f"{STARTUP:g} s; see {self.log_path}"
         )
 
+    def _log_file(self) -> int:
+        """The log, appended to (0600, never through a link); moved aside when large."""
+        with contextlib.suppress(OSError):
+            info = os.lstat(self.log_path)
+            if stat.S_ISREG(info.st_mode) and info.st_size > _LOG_LIMIT:
+                os.replace(self.log_path, self.log_path.with_name(LOG + ".1"))
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        return open_file(self.log_path, flags, what="Chroma server log")
+
     def _spawn(self) -> subprocess.Popen[bytes]:
-        """Start the supervisor in its own session: no signal meant for us reaches it."""
+        """Start the supervisor in its own session (no signal meant for us reaches it), with
+        an owner-only umask, so every file Chroma makes is 0600 and every folder 0700."""
         for child in [c for c in _started if c.poll() is not None]:
             _started.remove(child)
-        with contextlib.suppress(OSError):
-            if self.log_path.stat().st_size > _LOG_LIMIT:
-                os.replace(self.log_path, self.log_path.with_name(LOG + ".1"))
         root = str(Path(outbox.__file__).resolve().parent.parent)
         command = [sys.executable, "-m", "outbox.sinks.chroma_supervisor", str(self.folder)]
-        command += [chroma_command(), repr(self.idle)]
+        command.append(repr(self.idle))
         env = dict(os.environ, ANONYMIZED_TELEMETRY="False")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
         log.info("starting a shared Chroma server for %s (log: %s)", self.folder, self.log_path)
-        with self.log_path.open("ab") as out:
+        out = self._log_file()
+        try:
             child = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
@@ -285,7 +448,10 @@ class SharedServer:
                 cwd=str(self.folder),
                 env=env,
                 start_new_session=True,
+                umask=0o077,
             )
+        finally:
+            os.close(out)
         _started.append(child)  # kept so it is reaped if it exits while we live
         return child
 
@@ -301,8 +467,8 @@ class _Users:
         with self.lock:
             handle, count = self.held.get(folder, (None, 0))
             if handle is None:
-                ensure_private_dir(folder)
-                handle = (folder / USERS_LOCK).open("a+", encoding="utf-8")
+                private_folder(folder)
+                handle = open_stream(folder / USERS_LOCK, "Chroma users lock")
                 try:  # held exclusively only while an idle server shuts down
                     wait_flock(handle, fcntl.LOCK_SH, STARTUP, "the Chroma server's users lock")
                 except BaseException:
@@ -322,7 +488,49 @@ class _Users:
 USERS = _Users()
 
 
+class SocketBackend:
+    """The calls of ``CollectionOps``, sent to the folder's server over one authenticated
+    connection; a call that outlives ``timeout`` drops the connection (its late answer with
+    it) and raises ``ChromaStalled``."""
+
+    def __init__(self, folder: Path, timeout: float) -> None:
+        self.folder, self.timeout = folder, timeout
+        self._lock = threading.Lock()
+        self._conn: Connection | None = None
+
+    def call(self, op: str, *args: Any) -> Any:
+        with self._lock:
+            if self._conn is None:
+                self._conn = connect(self.folder, self.timeout)
+            conn = self._conn
+            try:
+                conn.send((op, args))
+                if not conn.poll(self.timeout):
+                    self._drop()
+                    raise ChromaStalled(f"the Chroma server for {self.folder} did not answer")
+                status, value = conn.recv()
+            except (OSError, EOFError) as exc:
+                self._drop()
+                if isinstance(exc, OSError) and exc.errno in (errno.EAGAIN, errno.ETIMEDOUT):
+                    raise ChromaStalled(f"the Chroma server for {self.folder} stalled") from None
+                raise ChromaServerDown(f"the Chroma server for {self.folder} went away") from None
+        if status == "error":
+            raise value
+        return value
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+
 def _server_gone(exc: BaseException) -> bool:
+    if isinstance(exc, ChromaServerDown):
+        return not isinstance(exc, ImpostorServer)
     failure = chroma_failure(exc)
     return isinstance(failure, Transient) and failure.reason is FailureReason.TRANSPORT_CLOSED
 
@@ -336,11 +544,11 @@ class SharedBackend:
         self.server = SharedServer(folder, idle, wanted=lambda: not self._closed)
         self.timeout = timeout
         self._lock = threading.Lock()
-        self._inner: ServerBackend | None = None
+        self._inner: SocketBackend | None = None
         self._using = False
         self._closed = False
 
-    def _connected(self) -> ServerBackend:
+    def _connected(self) -> SocketBackend:
         with self._lock:
             if self._closed:
                 raise ChromaServerDown("this Chroma sink is closed")
@@ -348,11 +556,11 @@ class SharedBackend:
                 if not self._using:  # before the server is found: it cannot stop under us
                     USERS.acquire(self.server.folder)
                     self._using = True
-                state = self.server.endpoint()
-                self._inner = ServerBackend(state.host, state.port, False, self.timeout)
+                self.server.endpoint()
+                self._inner = SocketBackend(self.server.folder, self.timeout)
             return self._inner
 
-    def _forget(self, inner: ServerBackend) -> None:
+    def _forget(self, inner: SocketBackend) -> None:
         with self._lock:
             if self._inner is inner:
                 self._inner = None

@@ -1,12 +1,13 @@
-"""The detached process that runs a store folder's shared ``chroma run`` server.
+"""The detached process that serves a store folder's shared Chroma, to its owner alone.
 
 Started by ``chroma_service`` in a session of its own, so it outlives the process that
-started it. It takes the store's owner lock and hands it to ``chroma run`` too, so the lock is
-free only once both are gone; Chroma is told to die with it (Linux), so a server is never
-left behind to share the folder with the next one. It stops Chroma when sent SIGTERM, when
-Chroma exits, or when no process has used it for the idle time (0: never).
+started it. It takes the store's owner lock, opens the folder with chromadb's embedded client
+(the only process that does), and answers ``CollectionOps`` calls on a Unix socket in the
+folder; each connection first passes the mutual key challenge of ``chroma_service``. Its umask
+is 077, so Chroma's own files come out 0600 and its folders 0700. It stops when sent SIGTERM
+or when no process has used it for the idle time (0: never).
 
-Usage: ``python -m outbox.sinks.chroma_supervisor FOLDER CHROMA_COMMAND IDLE_SECONDS``.
+Usage: ``python -m outbox.sinks.chroma_supervisor FOLDER IDLE_SECONDS``.
 """
 
 from __future__ import annotations
@@ -16,27 +17,34 @@ import fcntl
 import os
 import signal
 import socket
-import subprocess
+import stat
 import sys
 import threading
 import time
 from datetime import UTC, datetime
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import IO, Any
 
-from outbox.sinks.chroma_local import OWNER_LOCK
+from outbox.core.errors import OutboxError
+from outbox.core.safe_files import open_stream
+from outbox.sinks.chroma_local import OPS, OWNER_LOCK, portable
 from outbox.sinks.chroma_service import (
-    HOST,
+    HANDSHAKE,
+    SOCKET,
     START_LOCK,
     USERS_LOCK,
     ServerState,
+    bounded,
+    private_folder,
+    prove_server,
     remove_state,
+    server_key,
     try_flock,
     write_state,
 )
 
 _TICK = 1.0
-_EXIT_WAIT = 20.0
 _OWNER_WAIT = 5.0  # a client may be probing the owner lock at this very moment
 
 
@@ -45,16 +53,8 @@ def say(message: str) -> None:
     print(f"{stamp} outbox chroma supervisor {os.getpid()}: {message}", flush=True)
 
 
-def free_port() -> int:
-    """A loopback port nobody listens on now; if Chroma loses it to a race it exits, and the
-    process that started us starts another supervisor."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
 def take_owner(folder: Path) -> IO[str] | None:
-    handle = (folder / OWNER_LOCK).open("a+", encoding="utf-8")
+    handle = open_stream(folder / OWNER_LOCK, "Chroma owner lock")
     deadline = time.monotonic() + _OWNER_WAIT
     while not try_flock(handle, fcntl.LOCK_EX):
         if time.monotonic() > deadline:
@@ -70,29 +70,72 @@ def take_owner(folder: Path) -> IO[str] | None:
     return handle
 
 
-def _die_with_parent() -> None:
-    """In Chroma's process before exec: SIGTERM it when the supervisor dies (Linux only)."""
-    with contextlib.suppress(Exception):
-        import ctypes
+def listen(folder: Path) -> socket.socket:
+    """The folder's socket; a stale one of ours is replaced (we hold the owner lock, so no
+    live server uses it), anything else at that name is refused."""
+    path = folder / SOCKET
+    with contextlib.suppress(FileNotFoundError):
+        info = os.lstat(path)
+        if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.geteuid():
+            raise OutboxError(f"{path} is not a socket of this user; remove it")
+        path.unlink()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))  # 0700 under our umask, in a 0700 folder
+    server.listen(16)
+    return server
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+class Service:
+    """The embedded store and the calls made on it, one at a time (the store is one writer)."""
+
+    def __init__(self, folder: Path) -> None:
+        import chromadb
+
+        from outbox.sinks.chroma_client import CollectionOps
+
+        self.ops = CollectionOps(chromadb.PersistentClient(str(folder)))
+        self.lock = threading.Lock()
+
+    def answer(self, op: str, args: tuple[Any, ...]) -> tuple[str, Any]:
+        if op == "ping":
+            return "ok", os.getpid()
+        try:
+            if op not in OPS:
+                raise RuntimeError(f"unknown operation {op!r}")
+            with self.lock:
+                return "ok", getattr(self.ops, op)(*args)
+        except Exception as exc:
+            return "error", portable(exc)
+
+    def converse(self, sock: socket.socket, key: bytes) -> None:
+        """One client: the handshake (bounded: a silent peer is dropped), then its calls,
+        which may wait on the store as long as they need."""
+        with sock, Connection(os.dup(sock.fileno())) as conn:
+            bounded(sock, HANDSHAKE)
+            try:
+                prove_server(conn, key)
+            except (OSError, EOFError, ConnectionError):
+                return  # not ours; nothing of the store was read or sent
+            bounded(sock, 0)
+            with contextlib.suppress(OSError, EOFError):
+                while True:
+                    op, args = conn.recv()
+                    conn.send(self.answer(op, args))
 
 
-def start_chroma(folder: Path, command: str, port: int, owner: IO[str]) -> subprocess.Popen[bytes]:
-    argv = [command, "run", "--path", str(folder), "--host", HOST, "--port", str(port)]
-    return subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL,
-        pass_fds=(owner.fileno(),),  # the lock stays held while Chroma lives
-        preexec_fn=_die_with_parent,
-        env=dict(os.environ, ANONYMIZED_TELEMETRY="False"),
-    )
+def accept(server: socket.socket, service: Service, key: bytes) -> None:
+    while True:
+        try:
+            sock, _address = server.accept()
+        except OSError:
+            return  # closed: we are stopping
+        threading.Thread(target=service.converse, args=(sock, key), daemon=True).start()
 
 
 def idle_stop(folder: Path, users: IO[str]) -> bool:
     """Whether nobody uses the server and no process is starting one; on True both locks
     stay held until we exit, so a newcomer waits for us and then starts a fresh server."""
-    start = (folder / START_LOCK).open("a+", encoding="utf-8")
+    start = open_stream(folder / START_LOCK, "Chroma server's start lock")
     if not try_flock(start, fcntl.LOCK_EX):
         start.close()
         return False
@@ -113,14 +156,12 @@ def unused(users: IO[str]) -> bool:
     return True
 
 
-def watch(folder: Path, chroma: subprocess.Popen[bytes], idle: float, stop: threading.Event) -> str:
+def watch(folder: Path, idle: float, stop: threading.Event) -> str:
     """Wait until there is a reason to stop, and say which."""
-    users = (folder / USERS_LOCK).open("a+", encoding="utf-8")
+    users = open_stream(folder / USERS_LOCK, "Chroma users lock")
     _held.append(users)
     idle_since: float | None = None
     while not stop.wait(_TICK):
-        if chroma.poll() is not None:
-            return f"chroma run exited with code {chroma.returncode}"
         if idle <= 0 or not unused(users):
             idle_since = None
             continue
@@ -130,23 +171,19 @@ def watch(folder: Path, chroma: subprocess.Popen[bytes], idle: float, stop: thre
     return "asked to stop"
 
 
-def terminate(chroma: subprocess.Popen[bytes]) -> None:
-    if chroma.poll() is not None:
-        return
-    chroma.send_signal(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
-    chroma.terminate()
-    try:
-        chroma.wait(_EXIT_WAIT)
-    except subprocess.TimeoutExpired:
-        chroma.kill()
-        chroma.wait()
-
-
 def main(argv: list[str]) -> int:
-    folder, command, idle = Path(argv[0]), argv[1], float(argv[2])
-    folder.mkdir(parents=True, exist_ok=True)
-    owner = take_owner(folder)
-    if owner is None:
+    os.umask(0o077)
+    folder, idle = Path(argv[0]), float(argv[1])
+    try:
+        private_folder(folder)
+        owner = take_owner(folder)
+        if owner is None:
+            return 1
+        key = server_key(folder)
+        service = Service(folder)
+        server = listen(folder)
+    except OutboxError as exc:
+        say(f"not started: {exc}")
         return 1
     stop = threading.Event()
 
@@ -155,16 +192,19 @@ def main(argv: list[str]) -> int:
 
     for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(number, on_signal)
-    port = free_port()
-    chroma = start_chroma(folder, command, port, owner)
-    write_state(folder, ServerState(os.getpid(), chroma.pid, port))
-    say(f"chroma run {chroma.pid} serves {folder} on {HOST}:{port}")
+    threading.Thread(target=accept, args=(server, service, key), daemon=True).start()
+    write_state(folder, ServerState(os.getpid()))
+    say(f"serves {folder} on {folder / SOCKET} (owner only)")
     reason = "stopped"
     try:
-        reason = watch(folder, chroma, idle, stop)
+        reason = watch(folder, idle, stop)
     finally:
         remove_state(folder, os.getpid())
-        terminate(chroma)
+        server.close()
+        with contextlib.suppress(FileNotFoundError):
+            (folder / SOCKET).unlink()
+        with service.lock:  # let a call under way finish, then close the store
+            service.ops.close()
         say(f"stopped: {reason}")
     return 0
 

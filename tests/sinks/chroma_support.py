@@ -20,7 +20,7 @@ import chromadb
 from outbox import Settings, load_settings
 from outbox.core.record import Record
 from outbox.sinks.chroma_client import parse_chroma_url
-from outbox.sinks.chroma_service import SharedServer
+from tests.chroma_server import stop_shared_server
 
 # Zero-width space, word joiner, BOM: passes the outbox's own validation (str.strip() keeps
 # them), but the tokenizer drops every one, so it would embed to the empty string's vector.
@@ -57,10 +57,11 @@ def open_client(settings: Settings) -> Iterator[Any]:
     if settings.chroma_url:
         host, port, ssl = parse_chroma_url(settings.chroma_url)
         client = chromadb.HttpClient(host=host, port=port, ssl=ssl)
-    elif settings.chroma_mode == "server":  # never open a folder a server owns
-        state = SharedServer(settings.chroma_path, settings.chroma_idle).endpoint()
-        client = chromadb.HttpClient(host=state.host, port=state.port)
     else:
+        # The shared server answers only the sink's own calls, over its owner-only socket:
+        # stop it (never open a folder a server owns; the sink's next call starts it again).
+        if settings.chroma_mode == "server":
+            stop_shared_server(settings.chroma_path)
         client = chromadb.PersistentClient(str(settings.chroma_path))
     try:
         yield client

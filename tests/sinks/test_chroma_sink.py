@@ -57,11 +57,11 @@ class TestEmbeddedChromaConformance(SinkConformance):
 def frozen_shared_server(settings: Settings) -> Iterator[None]:
     """The shared server of the settings' folder, running but answering nothing, for a block."""
     state = SharedServer(settings.chroma_path, settings.chroma_idle).endpoint()
-    os.kill(state.chroma_pid, signal.SIGSTOP)
+    os.kill(state.pid, signal.SIGSTOP)
     try:
         yield
     finally:
-        os.kill(state.chroma_pid, signal.SIGCONT)
+        os.kill(state.pid, signal.SIGCONT)
 
 
 class TestSharedChromaConformance(SinkConformance):
