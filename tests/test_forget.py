@@ -29,8 +29,8 @@ from tests.conftest import FAULTY
 from tests.helpers.subproc import child_env, run_cli
 from tests.sinks.chroma_support import stored_copies
 
-SECRET = "The vault combination is marmalade-quokka-7741, told to nobody else."
-WORDS = (b"marmalade", b"quokka", b"7741")
+SECRET = "The vault combination is marmalade-quokka-bilberry, told to nobody else."
+WORDS = (b"marmalade", b"quokka", b"bilberry")  # none a key or timestamp can spell
 OTHERS = [
     "The deploy pipeline waits for the database migration before web workers start.",
     "Alice prefers short answers with the code first and the explanation after.",
@@ -40,13 +40,14 @@ HELPER = Path(__file__).parent / "helpers" / "forgetter.py"
 
 
 def outbox_files(*roots: Path, skip: tuple[Path, ...] = ()) -> list[Path]:
-    """Every file under ``roots`` (the outbox's own: database, WAL, log, markdown, fallback)."""
+    """Every regular file under ``roots`` (the outbox's own: database, WAL, log, markdown,
+    fallback); a socket (the shared Chroma server's) holds no bytes to search."""
     found = []
     for root in roots:
         for folder, _, names in os.walk(root):
             if any(Path(folder).is_relative_to(s) for s in skip):
                 continue
-            found.extend(Path(folder) / name for name in names)
+            found.extend(path for name in names if (path := Path(folder) / name).is_file())
     return found
 
 

@@ -3,7 +3,7 @@ under the Chroma folder still holds its words or its tag (Chroma's log, its coll
 its full-text index, free pages), and none does after 100 more deliveries and a restart.
 
 Real processes and real files: the ``outbox`` command delivers into the library's shared
-``chroma run`` server (the default) or its embedded child, and every file is read byte for
+shared Chroma server (the default) or its embedded child, and every file is read byte for
 byte. Recall by meaning still works afterwards.
 """
 
@@ -19,9 +19,11 @@ from tests.chroma_server import shared_server_processes, stop_shared_server
 from tests.helpers.subproc import child_env, run_cli
 from tests.test_forget import OTHERS, holding, outbox_files
 
-SECRET = "The lab door code is periwinkle-axolotl-5529, shared with nobody."
+SECRET = "The lab door code is periwinkle-axolotl-quarzite, shared with nobody."
 TAG = "zanzibarvault"  # a tag only the secret memory carries
-WORDS = (b"periwinkle", b"axolotl", b"5529", TAG.encode())
+# Words no key, hash or timestamp can spell by chance (a four-digit word turned up in the
+# hex of a later record's key: a false alarm about one run in ten).
+WORDS = (b"periwinkle", b"axolotl", b"quarzite", TAG.encode())
 FILLER = "Routine note number {} about the weekly grocery list and the garden hose."
 
 
