@@ -341,3 +341,29 @@ handle.seek(0); handle.truncate(); handle.write(f"{os.getpid()}\\n"); handle.flu
 print("held", flush=True)
 sys.stdin.read()
 """
+
+
+# -- (e) a store in a deep folder ----------------------------------------------------------
+
+
+def test_a_store_whose_socket_path_is_longer_than_a_socket_address_still_works(
+    tmp_path: Path,
+) -> None:
+    """A Unix socket's address holds at most 107 bytes; a store deeper than that is served
+    through its folder's descriptor, and its memories are still delivered and found."""
+    deep = tmp_path.joinpath(*["a-rather-long-folder-name"] * 4)
+    home = deep / ".outbox"
+    settings = load_settings(
+        home=home, markdown_dir=deep / "md", sinks="chroma", chroma_mode="server"
+    )
+    assert len(os.fsencode(str(settings.chroma_path / "outbox-server.sock"))) > 108
+    try:
+        with Outbox.open(settings) as ob:
+            key = ob.add(TOPICS[0]).key
+            assert ob.drain(timeout=120).ok
+            answer = ob.recall("staging database migration")
+        assert answer.degraded is None
+        assert [hit.key for hit in answer.hits][:1] == [key]
+        assert "vector" in answer.hits[0].legs
+    finally:
+        stop_shared_server(settings.chroma_path)

@@ -200,6 +200,26 @@ def bounded(sock: socket.socket, timeout: float) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
 
 
+# A Unix socket's path must fit ``sun_path`` (108 bytes on Linux, the NUL included). A store
+# in a deep folder has a longer one; it is then reached through a descriptor of its folder,
+# which /proc names in a few bytes, so the socket stays in the owner-only folder.
+_SUN_PATH = 107
+
+
+@contextlib.contextmanager
+def socket_address(path: Path) -> Iterator[str]:
+    """The address to bind or connect ``path`` by: the path itself when it fits, else the
+    same file through a descriptor of its folder (``/proc/self/fd/N/name``)."""
+    if len(os.fsencode(str(path))) <= _SUN_PATH:
+        yield str(path)
+        return
+    fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        yield f"/proc/self/fd/{fd}/{path.name}"
+    finally:
+        os.close(fd)
+
+
 def connect(folder: Path, timeout: float) -> Connection:
     """An authenticated connection to the folder's server; ChromaServerDown if none answers."""
     path = folder / SOCKET
@@ -208,7 +228,8 @@ def connect(folder: Path, timeout: float) -> Connection:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         bounded(sock, timeout)
-        sock.connect(str(path))
+        with socket_address(path) as address:
+            sock.connect(address)
     except OSError as exc:
         sock.close()
         raise ChromaServerDown(f"no Chroma server answers at {path} ({exc.strerror})") from None

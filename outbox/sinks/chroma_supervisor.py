@@ -40,6 +40,7 @@ from outbox.sinks.chroma_service import (
     prove_server,
     remove_state,
     server_key,
+    socket_address,
     try_flock,
     write_state,
 )
@@ -80,7 +81,8 @@ def listen(folder: Path) -> socket.socket:
             raise OutboxError(f"{path} is not a socket of this user; remove it")
         path.unlink()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(path))  # 0700 under our umask, in a 0700 folder
+    with socket_address(path) as address:
+        server.bind(address)  # 0700 under our umask, in a 0700 folder
     server.listen(16)
     return server
 
