@@ -79,8 +79,12 @@ def run(folder: Path, say: Callable[[str], None] = print) -> bool:
         stored = ob.wait_delivered(keys[0], "chroma", timeout=5)
         say(f"   {stored.text}")
         say(f"4. A paraphrase with few shared words: {PARAPHRASE!r}")
-        best = service.query_raw_memories(PARAPHRASE, n_results=1)["results"][0]
-        say(f"   → [{best['source']}] {best['response']}")
+        found = service.query_raw_memories(PARAPHRASE, n_results=1)
+        best = found["results"][0] if found["results"] else {"id": None, "source": None}
+        if best["id"] is None:  # say so, never a traceback: the demo then ends incomplete
+            say(f"   → nothing found ({found.get('degraded') or 'no memory above the floor'})")
+        else:
+            say(f"   → [{best['source']}] {best['response']}")
         check = ob.verify()
         say(
             f"5. outbox verify: {'OK' if check.ok else 'MISMATCH'} ({check.records} records, "
