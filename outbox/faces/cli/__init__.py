@@ -16,6 +16,7 @@ from outbox.faces.cli.common import (
     EXIT_INVALID,
     EXIT_OK,
     Handler,
+    Subcommands,
     add_verbosity,
     configure_logging,
     fail,
@@ -30,12 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="outbox", description="Durable, never-lying write path for agent memory."
     )
     add_verbosity(parser)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = Subcommands(parser, "command", "COMMAND")
 
     def command(
         name: str, handler: Handler, help_text: str, json_flag: bool = True
     ) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub = commands.add(name, help_text)
         if json_flag:
             sub.add_argument("--json", action="store_true", help="print one JSON object")
         sub.set_defaults(handler=handler)
@@ -60,6 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        if args.choose_from is not None:  # a command group named without its command
+            args.choose_from.missing()
     except SystemExit as exc:  # argparse already printed its one-line usage error
         return EXIT_INVALID if exc.code not in (0, None) else EXIT_OK
     configure_logging(args)

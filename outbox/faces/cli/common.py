@@ -76,6 +76,27 @@ _SAYS_WHAT_IT_DOES = ("run",)
 _WARNS = ("drain", "mcp", "reindex")
 
 
+class Subcommands:
+    """A parser's subcommands, optional to argparse so that naming none gets an error that
+    lists them (argparse's own says only ``required: COMMAND``)."""
+
+    def __init__(self, parser: argparse.ArgumentParser, dest: str, metavar: str) -> None:
+        self.parser, self.metavar = parser, metavar
+        self.group = parser.add_subparsers(dest=dest, metavar=metavar)
+        # A chosen subcommand's own ``choose_from=None`` replaces this default.
+        parser.set_defaults(choose_from=self)
+
+    def add(self, name: str, help_text: str) -> argparse.ArgumentParser:
+        sub = self.group.add_parser(name, help=help_text, description=help_text)
+        sub.set_defaults(choose_from=None)
+        return sub
+
+    def missing(self) -> None:
+        """argparse's usage error naming what exists; exits 2."""
+        names = ", ".join(self.group.choices)
+        self.parser.error(f"the following arguments are required: {self.metavar} (one of {names})")
+
+
 def add_verbosity(parser: argparse.ArgumentParser, *, subcommand: bool = False) -> None:
     """``-v``/``-q`` on the command and again on each subcommand, so ``outbox run -v`` works
     as ``outbox -v run`` does (a subcommand's flag wins; unset, it leaves the other alone)."""

@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from outbox.core.errors import ValidationError
-from outbox.faces.cli.common import EXIT_FAILED, EXIT_OK, AddCommand, emit, open_outbox
+from outbox.faces.cli import numbers
+from outbox.faces.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    AddCommand,
+    Subcommands,
+    add_verbosity,
+    emit,
+    open_outbox,
+)
 
 if TYPE_CHECKING:
     from outbox import DeliveryRow, Outbox
@@ -197,22 +206,21 @@ def cmd_dead(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _port(text: str) -> int:
-    """A TCP port, or 0 for none: argparse's one-line error otherwise."""
-    if not text.isdigit() or int(text) > 65535:
-        raise argparse.ArgumentTypeError(f"expected a port 0..65535, got {text!r}")
-    return int(text)
-
-
 def register_drain_run(command: AddCommand) -> None:
     drain = command("drain", cmd_drain, "deliver what is due, then stop")
-    drain.add_argument("--timeout", type=float, default=None, help="stop claiming after S seconds")
+    drain.add_argument(
+        "--timeout",
+        type=numbers.positive_seconds,
+        default=None,
+        metavar="S",
+        help="wait up to S seconds (above 0) for rows another dispatcher holds",
+    )
     run = command(
         "run", cmd_run, "the dispatcher daemon (stops cleanly on SIGTERM/SIGINT)", json_flag=False
     )
     run.add_argument(
         "--metrics-port",
-        type=_port,
+        type=numbers.port_or_zero,
         metavar="N",
         help="serve Prometheus metrics on 127.0.0.1:N (default OUTBOX_METRICS_PORT; 0: none)",
     )
@@ -220,8 +228,27 @@ def register_drain_run(command: AddCommand) -> None:
 
 def register_dead(command: AddCommand) -> None:
     dead = command("dead", cmd_dead, "list, show, retry or discard dead letters")
-    dead.add_argument("action", choices=["list", "show", "retry", "discard"])
-    dead.add_argument("keys", nargs="*", metavar="KEY")
-    dead.add_argument("--all", action="store_true", help="act on every dead letter")
-    dead.add_argument("--sink", help="only this sink")
-    dead.add_argument("--limit", type=int, default=100, help="how many to list")
+    actions = Subcommands(dead, "action", "ACTION")
+
+    def action(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub = actions.add(name, help_text)
+        # Also after the action (``dead list --json``), without undoing ``dead --json list``.
+        sub.add_argument(
+            "--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON object"
+        )
+        add_verbosity(sub, subcommand=True)
+        return sub
+
+    listing = action("list", "every dead letter: key, sink, attempts, reason")
+    listing.set_defaults(keys=[])
+    listing.add_argument("--sink", help="only this sink")
+    listing.add_argument(
+        "--limit", type=numbers.positive_int, default=100, help="how many to list, 1 or more"
+    )
+    show = action("show", "every sink's row of these records, the last error, the file")
+    show.add_argument("keys", nargs="+", metavar="KEY", help="a key or a unique prefix of one")
+    for name, does in (("retry", "fresh attempts for"), ("discard", "never retry")):
+        change = action(name, f"{does} these dead letters (KEY…, or --all)")
+        change.add_argument("keys", nargs="*", metavar="KEY", help="a key or a unique prefix")
+        change.add_argument("--all", action="store_true", help="every dead letter")
+        change.add_argument("--sink", help="only this sink")
