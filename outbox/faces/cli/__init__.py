@@ -7,6 +7,7 @@ Heavy modules are imported inside the command that needs them so ``outbox add`` 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
 from outbox.core.errors import ConfigError, OutboxError, ValidationError
@@ -15,12 +16,14 @@ from outbox.faces.cli.common import (
     EXIT_FAILED,
     EXIT_INVALID,
     EXIT_OK,
+    EXIT_PIPE_CLOSED,
     Handler,
     Subcommands,
     add_verbosity,
     configure_logging,
     fail,
     failure_line,
+    silence_closed_stdout,
 )
 
 __all__ = ["EXIT_FAILED", "EXIT_INVALID", "EXIT_OK", "build_parser", "main"]
@@ -67,7 +70,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INVALID if exc.code not in (0, None) else EXIT_OK
     configure_logging(args)
     try:
-        return int(args.handler(args))
+        code = int(args.handler(args))
+        sys.stdout.flush()  # a reader gone before the last line is found here, not at exit
+        return code
+    except BrokenPipeError as exc:
+        if silence_closed_stdout():  # `outbox export | head -1`: the reader has what it wanted
+            return EXIT_PIPE_CLOSED
+        return fail(failure_line(exc), EXIT_FAILED)
     except (ValidationError, ConfigError) as exc:
         return fail(str(exc), EXIT_INVALID)
     except OutboxError as exc:

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from outbox.api import Outbox
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+# What a shell reports for a tool that SIGPIPE ended (128 + 13), as ``yes | head -1`` does.
+EXIT_PIPE_CLOSED = 141
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -50,6 +52,28 @@ def fail(message: str, code: int) -> int:
     """One line on stderr and the exit code: the command line never shows a traceback."""
     sys.stderr.write(f"outbox: {message}\n")
     return code
+
+
+def silence_closed_stdout() -> bool:
+    """If standard output is a pipe whose reader is gone, point it at /dev/null (the
+    interpreter's last flush would fail again) and say so. A BrokenPipeError is then the
+    reader's doing, not a sink's socket's; where poll cannot tell, it is not taken for one."""
+    import os
+    import select
+
+    try:
+        out = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(out, 0)
+        events = poller.poll(0)
+    except (AttributeError, OSError, ValueError):  # no poll, or stdout is no file
+        return False
+    if not any(flags & (select.POLLERR | select.POLLHUP) for _fd, flags in events):
+        return False
+    nowhere = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(nowhere, out)
+    os.close(nowhere)
+    return True
 
 
 def open_outbox(*, repair: bool = True, create: bool = False) -> Outbox:

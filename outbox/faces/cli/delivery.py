@@ -32,31 +32,25 @@ log = logging.getLogger(__name__)
 
 
 class _ProgressLine:
-    """A one-line progress display on a terminal, plain lines otherwise (both on stderr)."""
+    """A one-line progress bar on a terminal's stderr. Off a terminal there is none: the
+    summary on stdout says it once, and ``-v`` logs a line per batch."""
 
     def __init__(self, total: int) -> None:
         self.total = total
-        self.tty = sys.stderr.isatty()
         self.done: dict[str, int] = {}
 
     def __call__(self, progress: SinkProgress) -> None:
         self.done[progress.sink] = progress.delivered + progress.dead
-        if self.tty:
-            parts = []
-            for sink, count in self.done.items():
-                share = count / self.total if self.total else 1.0
-                bar = "#" * int(share * 20)
-                parts.append(f"{sink} [{bar:<20}] {count}/{self.total}")
-            sys.stderr.write("\r" + "  ".join(parts))
-            sys.stderr.flush()
-        else:
-            sys.stderr.write(
-                f"{progress.sink}: delivered {progress.delivered}, retrying {progress.retried}, "
-                f"dead {progress.dead}\n"
-            )
+        parts = []
+        for sink, count in self.done.items():
+            share = count / self.total if self.total else 1.0
+            bar = "#" * int(share * 20)
+            parts.append(f"{sink} [{bar:<20}] {count}/{self.total}")
+        sys.stderr.write("\r" + "  ".join(parts))
+        sys.stderr.flush()
 
     def finish(self) -> None:
-        if self.tty and self.done:
+        if self.done:
             sys.stderr.write("\n")
 
 
@@ -94,7 +88,8 @@ def _totals(progress: dict[str, SinkProgress]) -> str:
 
 def cmd_drain(args: argparse.Namespace) -> int:
     with open_outbox() as ob:
-        progress = None if args.json else _ProgressLine(ob.undelivered_count())
+        shown = sys.stderr.isatty() and not (args.json or args.quiet)
+        progress = _ProgressLine(ob.undelivered_count()) if shown else None
         log.info("draining %s", _source(ob))
         report = ob.drain(timeout=args.timeout, on_progress=progress)
         if progress:
