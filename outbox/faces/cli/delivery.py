@@ -64,6 +64,10 @@ def _drain_text(report: DrainReport) -> str:
             + f"; now pending {left.get('pending', 0)}, "
             f"leased {left.get('leased', 0)}, dead {left.get('dead', 0)}"
         )
+    if report.timed_out:
+        lines.append(
+            f"the timeout ran out after {report.elapsed:.1f}s with rows another dispatcher holds"
+        )
     lines.append("all delivered" if report.ok else "some records are still pending or dead")
     return "\n".join(lines)
 
