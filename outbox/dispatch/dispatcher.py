@@ -126,6 +126,7 @@ class Dispatcher:
         self.batch_observers: list[Callable[[BatchReport], object]] = []
         self.last_batch_at: float | None = None
         self._timed_out = False  # a drain's deadline came while others held rows
+        self._taken_back: set[tuple[str, str]] = set()  # (sink, owner): once per drain
 
     def batch_done(self, report: BatchReport) -> None:
         """One line per batch (INFO, or WARNING with the first failure's cause), then the
@@ -178,9 +179,16 @@ class Dispatcher:
             return False
         now = time.time()
         beats = {beat.owner: beat for beat in self.storage.heartbeats.all()}
-        gone = [owner for owner in held if owner in beats and beats[owner].state(now) != ALIVE]
+        gone = [
+            owner
+            for owner in held
+            if owner in beats
+            and beats[owner].state(now) != ALIVE
+            and (sink, owner) not in self._taken_back  # a sink that cannot load claims none
+        ]
         if gone:
             taken = self.storage.deliveries.take_back(sink, gone)
+            self._taken_back.update((sink, owner) for owner in gone)
             log.info("%s: took back %d rows of %d gone dispatcher(s)", sink, taken, len(gone))
             return True
         if deadline is None:
@@ -188,8 +196,9 @@ class Dispatcher:
         left = deadline - time.monotonic()
         if left <= 0:
             return False
-        lapse = min(held.values()) - now
-        self.stop_event.wait(max(0.05, min(left, lapse, self.settings.poll_interval)))
+        poll = self.settings.poll_interval
+        lapse = min(held.values()) - now  # past already: no claim took them, so poll
+        self.stop_event.wait(max(0.05, min(left, lapse if lapse > 0 else poll, poll)))
         return True
 
     def drain(self, timeout: float | None = None) -> DrainReport:
@@ -199,6 +208,7 @@ class Dispatcher:
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
         self._timed_out = False
+        self._taken_back.clear()
         threads = [
             threading.Thread(
                 target=self._drain_sink, args=(worker, deadline), name=f"outbox-drain-{name}"
