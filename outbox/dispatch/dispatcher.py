@@ -25,6 +25,7 @@ from outbox.dispatch.heartbeat import HeartbeatThread
 from outbox.dispatch.retry import RetryPolicy
 from outbox.dispatch.worker import SinkProgress, SinkWorker
 from outbox.sinks.base import Sink
+from outbox.store.heartbeats import ALIVE
 from outbox.store.wakeup import Listener
 
 if TYPE_CHECKING:
@@ -44,6 +45,8 @@ class DrainReport:
     sinks: dict[str, SinkProgress] = field(default_factory=dict)
     remaining: dict[str, dict[str, int]] = field(default_factory=dict)
     elapsed: float = 0.0
+    # The timeout ran out while another dispatcher still held rows it was waiting for.
+    timed_out: bool = False
 
     @property
     def delivered(self) -> int:
@@ -61,6 +64,7 @@ class DrainReport:
         return {
             "ok": self.ok,
             "elapsed": round(self.elapsed, 3),
+            "timed_out": self.timed_out,
             "delivered": self.delivered,
             "sinks": {
                 name: {
@@ -121,6 +125,8 @@ class Dispatcher:
         # Each batch's report goes to these (the metrics, when served) after its log line.
         self.batch_observers: list[Callable[[BatchReport], object]] = []
         self.last_batch_at: float | None = None
+        self._timed_out = False  # a drain's deadline came while others held rows
+        self._taken_back: set[tuple[str, str]] = set()  # (sink, owner): once per drain
 
     def batch_done(self, report: BatchReport) -> None:
         """One line per batch (INFO, or WARNING with the first failure's cause), then the
@@ -151,19 +157,58 @@ class Dispatcher:
     def _drain_sink(self, worker: SinkWorker, deadline: float | None) -> None:
         while not self.stop_event.is_set():
             if deadline is not None and time.monotonic() >= deadline:
+                self._timed_out |= bool(
+                    self.storage.deliveries.leases_held(worker.name, self.owner)
+                )
                 return
             try:
-                if worker.run_batch() == 0:
+                if worker.run_batch() == 0 and not self._held_elsewhere(worker.name, deadline):
                     return
             except Exception as exc:
                 log.error("dispatcher for %s stopped: %s", worker.name, first_line(exc))
                 worker.progress.last_error = exc.__class__.__name__
                 return
 
+    def _held_elsewhere(self, sink: str, deadline: float | None) -> bool:
+        """Nothing of ``sink`` is due: whether rows another dispatcher holds are worth
+        another claim. Those of a dispatcher whose heartbeat shows it gone are taken back at
+        once; with a ``deadline``, a live holder's are waited for (one poll, or until its
+        first lease runs out), since it may finish them or its leases may lapse."""
+        held = self.storage.deliveries.leases_held(sink, self.owner)
+        if not held:
+            return False
+        now = time.time()
+        beats = {beat.owner: beat for beat in self.storage.heartbeats.all()}
+        gone = [
+            owner
+            for owner in held
+            if owner in beats
+            and beats[owner].state(now) != ALIVE
+            and (sink, owner) not in self._taken_back  # a sink that cannot load claims none
+        ]
+        if gone:
+            taken = self.storage.deliveries.take_back(sink, gone)
+            self._taken_back.update((sink, owner) for owner in gone)
+            log.info("%s: took back %d rows of %d gone dispatcher(s)", sink, taken, len(gone))
+            return True
+        if deadline is None:
+            return False
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        poll = self.settings.poll_interval
+        lapse = min(held.values()) - now  # past already: no claim took them, so poll
+        self.stop_event.wait(max(0.05, min(left, lapse if lapse > 0 else poll, poll)))
+        return True
+
     def drain(self, timeout: float | None = None) -> DrainReport:
-        """Deliver everything due now to every sink in parallel, then report what is left."""
+        """Deliver everything due now to every sink in parallel, then report what is left.
+        Within a ``timeout``, rows another dispatcher holds are waited for and delivered
+        (``_held_elsewhere``); a record in backoff is not due, so it is not waited for."""
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
+        self._timed_out = False
+        self._taken_back.clear()
         threads = [
             threading.Thread(
                 target=self._drain_sink, args=(worker, deadline), name=f"outbox-drain-{name}"
@@ -179,6 +224,7 @@ class Dispatcher:
             sinks={name: worker.progress for name, worker in self.workers.items()},
             remaining={name: counts.get(name, {}) for name in self.workers},
             elapsed=time.monotonic() - started,
+            timed_out=self._timed_out,
         )
 
     def _run_sink(self, worker: SinkWorker, wake: threading.Event) -> None:

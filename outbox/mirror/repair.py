@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from outbox.core.errors import about_record
@@ -29,6 +30,15 @@ from outbox.store.storage import Storage
 log = logging.getLogger(__name__)
 
 
+class Restored(StrEnum):
+    """What a repair put back for a record, so ``verify --repair`` can say what it did."""
+
+    MISSING_FILE = "missing markdown files"
+    CUT_SHORT_FILE = "markdown files cut short"
+    EDITED_BODY = "edited markdown bodies"
+    MISSING_LINE = "missing JSONL lines"
+
+
 @dataclass
 class RepairReport:
     torn_bytes_cut: int = 0
@@ -38,6 +48,12 @@ class RepairReport:
     forgets_finished: int = 0
     reanchored: int = 0
     problems: list[str] = field(default_factory=list)
+    # Per kind, the keys of the records whose mirrors were put back (delivery outcomes
+    # mirrored on their usual way are counted above, not listed).
+    restored: dict[Restored, list[str]] = field(default_factory=dict)
+
+    def put_back(self, what: Restored, key: str) -> None:
+        self.restored.setdefault(what, []).append(key)
 
 
 def cut_short(path: Path, record: Record, rows: list[DeliveryRow]) -> bool:
@@ -167,6 +183,7 @@ class MirrorSync:
             if marker not in seen:
                 lines.append(event)
                 seen.add(marker)
+                report.put_back(Restored.MISSING_LINE, row.key)
         self.jsonl.append(lines)
         report.lines_appended += len(lines)
 
@@ -191,6 +208,8 @@ class MirrorSync:
                 ]
             )
             report.lines_appended += len(missing)
+            for item in missing:
+                report.put_back(Restored.MISSING_LINE, item.record.key)
         ensure_private_dir(self.markdown_dir)
         for item in batch:
             with about_record(item.record.key, "write"):
@@ -206,6 +225,7 @@ class MirrorSync:
         if not torn and path.exists():
             if full and restore_body(path, item.record):
                 report.files_written += 1
+                report.put_back(Restored.EDITED_BODY, item.record.key)
             return
         data = markdown.render(matter.delivered(item.record, rows), item.record.content)
         if torn:
@@ -213,6 +233,7 @@ class MirrorSync:
         elif not markdown.write_new(path, data):
             return
         report.files_written += 1
+        report.put_back(Restored.CUT_SHORT_FILE if torn else Restored.MISSING_FILE, item.record.key)
 
     def sync_deliveries(
         self, seen: set[tuple[str, str, str]] | None = None, report: RepairReport | None = None
@@ -272,6 +293,7 @@ class MirrorSync:
             ensure_private_dir(self.markdown_dir)
             markdown.write_new(path, markdown.render(state, item.record.content))
             report.files_written += 1
+            report.put_back(Restored.MISSING_FILE, key)
             return
         except markdown.MalformedMarkdown as exc:
             report.problems.append(
@@ -293,3 +315,4 @@ class MirrorSync:
             report.front_matter_updated += 1
             if body != content:
                 report.files_written += 1
+                report.put_back(Restored.EDITED_BODY, key)

@@ -180,6 +180,26 @@ class DeliveryStore(DeliveryReads):
             )
         return result.rowcount
 
+    def take_back(self, sink: str, owners: Sequence[str]) -> int:
+        """End now the leases on ``sink`` of dispatchers known gone (their heartbeat stopped),
+        so the next claim takes their rows at once instead of when the leases run out. The
+        attempt they counted stays counted: a record that killed its dispatcher still nears
+        the dead-letter cap."""
+        if not owners:
+            return 0
+        now = time.time()
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                update(deliveries)
+                .where(
+                    deliveries.c.sink == sink,
+                    deliveries.c.state == DeliveryState.LEASED,
+                    deliveries.c.lease_owner.in_(list(owners)),
+                )
+                .values(lease_expires_at=now, available_at=now, updated_at=now)
+            )
+        return result.rowcount
+
     def settle(
         self,
         owner: str,

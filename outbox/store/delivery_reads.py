@@ -87,6 +87,21 @@ class DeliveryReads:
             ).scalar()
         return float(value) if value is not None else None
 
+    def leases_held(self, sink: str, by_others_than: str) -> dict[str, float]:
+        """Per owner other than ``by_others_than``, when its first lease on a row of
+        ``sink`` runs out: what a drain with time to spare waits for."""
+        with self.reader.connect() as conn:
+            rows = conn.execute(
+                select(deliveries.c.lease_owner, func.min(deliveries.c.lease_expires_at))
+                .where(
+                    deliveries.c.sink == sink,
+                    deliveries.c.state == DeliveryState.LEASED,
+                    deliveries.c.lease_owner != by_others_than,
+                )
+                .group_by(deliveries.c.lease_owner)
+            ).all()
+        return {str(owner): float(expires) for owner, expires in rows}
+
     def counts(self) -> dict[str, dict[str, int]]:
         """Rows per sink and state; every state present, zero where there are none."""
         with self.reader.connect() as conn:

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from outbox.api import Outbox
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+# What a shell reports for a tool that SIGPIPE ended (128 + 13), as ``yes | head -1`` does.
+EXIT_PIPE_CLOSED = 141
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -52,6 +54,28 @@ def fail(message: str, code: int) -> int:
     return code
 
 
+def silence_closed_stdout() -> bool:
+    """If standard output is a pipe whose reader is gone, point it at /dev/null (the
+    interpreter's last flush would fail again) and say so. A BrokenPipeError is then the
+    reader's doing, not a sink's socket's; where poll cannot tell, it is not taken for one."""
+    import os
+    import select
+
+    try:
+        out = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(out, 0)
+        events = poller.poll(0)
+    except (AttributeError, OSError, ValueError):  # no poll, or stdout is no file
+        return False
+    if not any(flags & (select.POLLERR | select.POLLHUP) for _fd, flags in events):
+        return False
+    nowhere = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(nowhere, out)
+    os.close(nowhere)
+    return True
+
+
 def open_outbox(*, repair: bool = True, create: bool = False) -> Outbox:
     """The outbox of the usual settings, imported here so a command that needs none starts
     without the database layer; ``repair=False`` writes nothing to the mirrors on open.
@@ -74,6 +98,27 @@ def open_outbox(*, repair: bool = True, create: bool = False) -> Outbox:
 # long-running commands warn; a one-shot command speaks through its result and one error line.
 _SAYS_WHAT_IT_DOES = ("run",)
 _WARNS = ("drain", "mcp", "reindex")
+
+
+class Subcommands:
+    """A parser's subcommands, optional to argparse so that naming none gets an error that
+    lists them (argparse's own says only ``required: COMMAND``)."""
+
+    def __init__(self, parser: argparse.ArgumentParser, dest: str, metavar: str) -> None:
+        self.parser, self.metavar = parser, metavar
+        self.group = parser.add_subparsers(dest=dest, metavar=metavar)
+        # A chosen subcommand's own ``choose_from=None`` replaces this default.
+        parser.set_defaults(choose_from=self)
+
+    def add(self, name: str, help_text: str) -> argparse.ArgumentParser:
+        sub = self.group.add_parser(name, help=help_text, description=help_text)
+        sub.set_defaults(choose_from=None)
+        return sub
+
+    def missing(self) -> None:
+        """argparse's usage error naming what exists; exits 2."""
+        names = ", ".join(self.group.choices)
+        self.parser.error(f"the following arguments are required: {self.metavar} (one of {names})")
 
 
 def add_verbosity(parser: argparse.ArgumentParser, *, subcommand: bool = False) -> None:

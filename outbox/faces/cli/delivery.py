@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from outbox.core.errors import ValidationError
-from outbox.faces.cli.common import EXIT_FAILED, EXIT_OK, AddCommand, emit, open_outbox
+from outbox.faces.cli import numbers
+from outbox.faces.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    AddCommand,
+    Subcommands,
+    add_verbosity,
+    emit,
+    open_outbox,
+)
 
 if TYPE_CHECKING:
     from outbox import DeliveryRow, Outbox
@@ -23,31 +32,25 @@ log = logging.getLogger(__name__)
 
 
 class _ProgressLine:
-    """A one-line progress display on a terminal, plain lines otherwise (both on stderr)."""
+    """A one-line progress bar on a terminal's stderr. Off a terminal there is none: the
+    summary on stdout says it once, and ``-v`` logs a line per batch."""
 
     def __init__(self, total: int) -> None:
         self.total = total
-        self.tty = sys.stderr.isatty()
         self.done: dict[str, int] = {}
 
     def __call__(self, progress: SinkProgress) -> None:
         self.done[progress.sink] = progress.delivered + progress.dead
-        if self.tty:
-            parts = []
-            for sink, count in self.done.items():
-                share = count / self.total if self.total else 1.0
-                bar = "#" * int(share * 20)
-                parts.append(f"{sink} [{bar:<20}] {count}/{self.total}")
-            sys.stderr.write("\r" + "  ".join(parts))
-            sys.stderr.flush()
-        else:
-            sys.stderr.write(
-                f"{progress.sink}: delivered {progress.delivered}, retrying {progress.retried}, "
-                f"dead {progress.dead}\n"
-            )
+        parts = []
+        for sink, count in self.done.items():
+            share = count / self.total if self.total else 1.0
+            bar = "#" * int(share * 20)
+            parts.append(f"{sink} [{bar:<20}] {count}/{self.total}")
+        sys.stderr.write("\r" + "  ".join(parts))
+        sys.stderr.flush()
 
     def finish(self) -> None:
-        if self.tty and self.done:
+        if self.done:
             sys.stderr.write("\n")
 
 
@@ -60,6 +63,10 @@ def _drain_text(report: DrainReport) -> str:
             + (f", deleted {progress.deleted}" if progress.deleted else "")
             + f"; now pending {left.get('pending', 0)}, "
             f"leased {left.get('leased', 0)}, dead {left.get('dead', 0)}"
+        )
+    if report.timed_out:
+        lines.append(
+            f"the timeout ran out after {report.elapsed:.1f}s with rows another dispatcher holds"
         )
     lines.append("all delivered" if report.ok else "some records are still pending or dead")
     return "\n".join(lines)
@@ -85,7 +92,8 @@ def _totals(progress: dict[str, SinkProgress]) -> str:
 
 def cmd_drain(args: argparse.Namespace) -> int:
     with open_outbox() as ob:
-        progress = None if args.json else _ProgressLine(ob.undelivered_count())
+        shown = sys.stderr.isatty() and not (args.json or args.quiet)
+        progress = _ProgressLine(ob.undelivered_count()) if shown else None
         log.info("draining %s", _source(ob))
         report = ob.drain(timeout=args.timeout, on_progress=progress)
         if progress:
@@ -197,22 +205,21 @@ def cmd_dead(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _port(text: str) -> int:
-    """A TCP port, or 0 for none: argparse's one-line error otherwise."""
-    if not text.isdigit() or int(text) > 65535:
-        raise argparse.ArgumentTypeError(f"expected a port 0..65535, got {text!r}")
-    return int(text)
-
-
 def register_drain_run(command: AddCommand) -> None:
     drain = command("drain", cmd_drain, "deliver what is due, then stop")
-    drain.add_argument("--timeout", type=float, default=None, help="stop claiming after S seconds")
+    drain.add_argument(
+        "--timeout",
+        type=numbers.positive_seconds,
+        default=None,
+        metavar="S",
+        help="wait up to S seconds (above 0) for rows another dispatcher holds",
+    )
     run = command(
         "run", cmd_run, "the dispatcher daemon (stops cleanly on SIGTERM/SIGINT)", json_flag=False
     )
     run.add_argument(
         "--metrics-port",
-        type=_port,
+        type=numbers.port_or_zero,
         metavar="N",
         help="serve Prometheus metrics on 127.0.0.1:N (default OUTBOX_METRICS_PORT; 0: none)",
     )
@@ -220,8 +227,27 @@ def register_drain_run(command: AddCommand) -> None:
 
 def register_dead(command: AddCommand) -> None:
     dead = command("dead", cmd_dead, "list, show, retry or discard dead letters")
-    dead.add_argument("action", choices=["list", "show", "retry", "discard"])
-    dead.add_argument("keys", nargs="*", metavar="KEY")
-    dead.add_argument("--all", action="store_true", help="act on every dead letter")
-    dead.add_argument("--sink", help="only this sink")
-    dead.add_argument("--limit", type=int, default=100, help="how many to list")
+    actions = Subcommands(dead, "action", "ACTION")
+
+    def action(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub = actions.add(name, help_text)
+        # Also after the action (``dead list --json``), without undoing ``dead --json list``.
+        sub.add_argument(
+            "--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON object"
+        )
+        add_verbosity(sub, subcommand=True)
+        return sub
+
+    listing = action("list", "every dead letter: key, sink, attempts, reason")
+    listing.set_defaults(keys=[])
+    listing.add_argument("--sink", help="only this sink")
+    listing.add_argument(
+        "--limit", type=numbers.positive_int, default=100, help="how many to list, 1 or more"
+    )
+    show = action("show", "every sink's row of these records, the last error, the file")
+    show.add_argument("keys", nargs="+", metavar="KEY", help="a key or a unique prefix of one")
+    for name, does in (("retry", "fresh attempts for"), ("discard", "never retry")):
+        change = action(name, f"{does} these dead letters (KEY…, or --all)")
+        change.add_argument("keys", nargs="*", metavar="KEY", help="a key or a unique prefix")
+        change.add_argument("--all", action="store_true", help="every dead letter")
+        change.add_argument("--sink", help="only this sink")

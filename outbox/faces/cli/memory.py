@@ -7,6 +7,7 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from outbox.faces.cli import numbers
 from outbox.faces.cli.common import EXIT_FAILED, EXIT_OK, AddCommand, emit, open_outbox
 
 if TYPE_CHECKING:
@@ -131,22 +132,28 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 def register(command: AddCommand) -> None:
     search = command("search", cmd_search, "recall by meaning and by words")
     search.add_argument("query", metavar="QUERY")
-    search.add_argument("-n", type=int, default=10, help="how many results (default 10)")
+    search.add_argument(
+        "-n", type=numbers.results, default=10, help="how many results, 1..100 (default 10)"
+    )
     search.add_argument("--session", help="only this session")
     search.add_argument("--agent", help="only this agent's memories")
     search.add_argument(
         "--tag", action="append", help="only memories with this tag (repeat: all of them)"
     )
-    search.add_argument("--min-importance", type=int, help="only importance N or more")
+    search.add_argument(
+        "--min-importance", type=numbers.importance, help="only importance N (1..10) or more"
+    )
     search.add_argument("--since", help="only memories at or after this ISO 8601 time")
     search.add_argument("--until", help="only memories before this ISO 8601 time")
     search.add_argument(
         "--min-relevance",
-        type=float,
+        type=numbers.fraction,
         help="leave out hits less relevant than this, 0..1 (default: the library's)",
     )
     recent = command("recent", cmd_recent, "the newest memories first")
-    recent.add_argument("--limit", type=int, default=20)
+    recent.add_argument(
+        "--limit", type=numbers.results, default=20, help="how many, 1..100 (default 20)"
+    )
     recent.add_argument("--session", help="only this session")
     recent.add_argument("--agent", help="only this agent")
     recent.add_argument("--before", help="cursor 'TIMESTAMP|KEY' from the previous page")
@@ -158,7 +165,7 @@ def register(command: AddCommand) -> None:
     mcp.add_argument("--drain", action="store_true", help="also deliver in the background")
     mcp.add_argument(
         "--store-wait",
-        type=float,
+        type=numbers.seconds,
         default=0.0,
-        help="brain_store waits up to S seconds for a concrete sink id",
+        help="brain_store waits up to S seconds (0 or more) for a concrete sink id",
     )

@@ -9,6 +9,7 @@ import signal
 import threading
 from typing import TYPE_CHECKING
 
+from outbox.faces.cli import numbers
 from outbox.faces.cli.common import EXIT_FAILED, EXIT_OK, AddCommand, emit, fail, open_outbox
 from outbox.faces.cli.progress import StatusLine
 
@@ -75,5 +76,8 @@ def register(command: AddCommand) -> None:
         "re-embed every record into a new Chroma collection for OUTBOX_EMBEDDING, then switch",
     )
     reindex.add_argument(
-        "--batch", type=int, default=256, help="records per embedding batch (default 256)"
+        "--batch",
+        type=numbers.positive_int,
+        default=256,
+        help="records per embedding batch, 1 or more (default 256)",
     )

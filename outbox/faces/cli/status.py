@@ -83,24 +83,51 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# Key prefixes a ``--repair`` line names before it says only how many more there are.
+SHOWN_KEYS = 10
+
+
+def _restored_lines(restored: dict[str, list[str]]) -> list[str]:
+    """What a repair put back, a line per kind: how many, and the records' key prefixes
+    (never a file's name, which carries the first words of its memory)."""
+    if not restored:
+        return ["repair: nothing to restore"]
+    lines = []
+    for what, prefixes in restored.items():
+        shown = ", ".join(prefixes[:SHOWN_KEYS])
+        more = f" and {len(prefixes) - SHOWN_KEYS} more" if len(prefixes) > SHOWN_KEYS else ""
+        lines.append(f"restored {what}: {len(prefixes)} ({shown}{more})")
+    return lines
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
-    # A plain verify only reads: it must not repair what it is there to report.
-    with open_outbox(repair=args.repair) as ob:
-        if args.repair:
-            ob.sync_mirrors(full=True)
+    from outbox.core.naming import key_prefix
+
+    # A plain verify only reads: it must not repair what it is there to report. A repair
+    # is the full one alone, so its report holds everything the open would have put back.
+    with open_outbox(repair=False) as ob:
+        repaired = ob.sync_mirrors(full=True) if args.repair else None
         report = ob.verify()
-    payload = {
+    payload: dict[str, Any] = {
         "ok": report.ok,
         "records": report.records,
         "jsonl_lines": report.jsonl_lines,
         "markdown_files": report.markdown_files,
         "problems": report.problems,
     }
+    lines = []
+    if repaired is not None:
+        restored = {
+            str(what): [key_prefix(key) for key in dict.fromkeys(keys)]
+            for what, keys in repaired.restored.items()
+        }
+        payload["restored"] = restored
+        lines = _restored_lines(restored)
     summary = (
         f"{'OK' if report.ok else 'MISMATCH'}: {report.records} records, "
         f"{report.jsonl_lines} JSONL lines, {report.markdown_files} markdown files"
     )
-    emit(args, payload, "\n".join([summary, *report.problems]))
+    emit(args, payload, "\n".join([*lines, summary, *report.problems]))
     return EXIT_OK if report.ok else EXIT_FAILED
 
 

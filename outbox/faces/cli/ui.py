@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from outbox.faces.cli import numbers
 from outbox.faces.cli.common import EXIT_OK, AddCommand, open_outbox
 
 DEFAULT_PORT = 8765
@@ -21,9 +22,9 @@ def register(command: AddCommand) -> None:
     ui = command("ui", cmd_ui, "the local dashboard: overview, memories, dead letters", False)
     ui.add_argument(
         "--port",
-        type=int,
+        type=numbers.port_or_zero,
         default=DEFAULT_PORT,
-        help=f"port (default {DEFAULT_PORT}; 0: any free one)",
+        help=f"port 0..65535 (default {DEFAULT_PORT}; 0: any free one)",
     )
     ui.add_argument(
         "--host",

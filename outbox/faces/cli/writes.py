@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from outbox.core.errors import ValidationError
+from outbox.faces.cli import numbers
 from outbox.faces.cli.common import EXIT_FAILED, EXIT_OK, AddCommand, emit, open_outbox
 from outbox.faces.cli.progress import StatusLine
 
@@ -158,4 +159,9 @@ def register_add(command: AddCommand) -> None:
 def register_replay(command: AddCommand) -> None:
     replay = command("replay", cmd_replay, "import pending fallback or legacy markdown files")
     replay.add_argument("dir", nargs="?", metavar="DIR", help="default: OUTBOX_MARKDOWN_DIR")
-    replay.add_argument("--budget", type=int, default=None, help="import at most N files")
+    replay.add_argument(
+        "--budget",
+        type=numbers.positive_int,
+        default=None,
+        help="import at most N (1 or more) files",
+    )
