@@ -41,7 +41,9 @@ from outbox.core.states import FailureReason
 from outbox.sinks.base import Transient
 
 OWNER_LOCK = "outbox-owner.lock"
-OPS = frozenset({"open", "upsert", "query", "count", "drop", "delete"})
+OPS = frozenset({"open", "upsert", "query", "query_text", "count", "drop", "delete"})
+# How a Chroma process refuses a call it does not know (one an older version started).
+UNKNOWN_OPERATION = "unknown operation"
 # The sink's own bound comes a little after the dispatcher's, which normally fires first.
 _GRACE = 1.0
 # Starting a child (Python, then chromadb's import) may take seconds on a busy machine; it is
@@ -293,7 +295,7 @@ def serve(path: Path, conn: Connection) -> None:
             break
         try:
             if op not in OPS:
-                raise RuntimeError(f"unknown operation {op!r}")
+                raise RuntimeError(f"{UNKNOWN_OPERATION} {op!r}")
             ownership.ensure()
             if ops is None:
                 ops = CollectionOps(chromadb.PersistentClient(str(path)))
