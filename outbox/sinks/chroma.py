@@ -1,9 +1,9 @@
 """The Chroma sink: records become documents whose id is the record key, written by upsert.
 
-By default a ``chroma run`` server on ``OUTBOX_CHROMA_PATH`` that every process of the machine
-shares, started by the first that needs it (``chroma_service``): one embedded folder must not
-be opened by two processes (docs/research/chroma.md). ``OUTBOX_CHROMA_URL`` names a server run
-by someone else; ``OUTBOX_CHROMA_MODE=embedded`` opens the folder in a child process of this
+By default the shared server on ``OUTBOX_CHROMA_PATH`` that every process of its owner uses,
+started by the first that needs it (``chroma_service``): one embedded folder must not be
+opened by two processes, whose writes would corrupt it. ``OUTBOX_CHROMA_URL`` names a server
+run by someone else; ``OUTBOX_CHROMA_MODE=embedded`` opens the folder in a child process of this
 one (``chroma_local``), for a single process. Collections get no embedding function:
 the sink always sends precomputed vectors, so Chroma never reaches for its default model (a
 download) and a ConnectError always means the server. Nothing connects before the first call,

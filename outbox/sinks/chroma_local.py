@@ -9,12 +9,11 @@ ends hold: nothing to authenticate), whose ``poll`` a timeout can bound.
 
 Used only when ``OUTBOX_CHROMA_MODE=embedded``; by default every process shares one server
 (``chroma_service``). The mode stays because the shared server does not cover every case: it
-needs the ``chroma`` command and a loopback port, and it outlives the process that started
-it, while a single process (a script, a sandbox without listening sockets, the test suite)
-may want the folder opened inside it and nothing left running after it exits. There is one
+outlives the process that started it, while a single process (a script, a sandbox, the test
+suite) may want the folder opened inside it and nothing left running after it exits. There is one
 child per store folder per process, shared by every sink on that folder, and a lock file
 keeps the children of other processes and the shared server out: two processes writing one
-folder corrupt it (docs/research/chroma.md). A call that times out is not cancelled; the
+folder corrupt it. A call that times out is not cancelled; the
 child finishes it and its answer is read and dropped before the next request.
 """
 

@@ -236,7 +236,7 @@ class HashingEmbedding(_BuiltinEmbedding):
     """FOR TESTS ONLY, never a fallback: used solely when ``OUTBOX_EMBEDDING=hashing``.
 
     Signed feature hashing of lowercase words and word pairs into 384 dimensions: fast and
-    deterministic, but lexical, so it cannot match a paraphrase (see docs/research/chroma.md).
+    deterministic, but lexical, so it cannot match a paraphrase.
     Text without a word gives the zero vector, which the Chroma sink refuses.
     """
 
