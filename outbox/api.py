@@ -26,7 +26,6 @@ from outbox.core.record import DEFAULT_IMPORTANCE, Record, build_record
 from outbox.core.safe_files import check_store
 from outbox.mirror.gap import check_held, missing_file
 from outbox.mirror.mirrors import Mirrors
-from outbox.mirror.repair import RepairReport
 from outbox.mirror.verify import VerifyReport
 from outbox.operations.catalog import Catalog
 from outbox.operations.forget import ForgetReceipt, Forgetter
@@ -43,6 +42,7 @@ from outbox.write.writer import WRITE_MARGIN_SECONDS, Writer
 if TYPE_CHECKING:
     from outbox.core.recall_filter import RecallFilter
     from outbox.dispatch.dispatcher import Dispatcher, DrainReport
+    from outbox.mirror.repair import RepairReport
     from outbox.operations.reindex import ReindexReport
     from outbox.recall.service import RecallAnswer, Recaller
     from outbox.store.delivery_reads import DeliveryRow

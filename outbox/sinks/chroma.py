@@ -1,9 +1,9 @@
 """The Chroma sink: records become documents whose id is the record key, written by upsert.
 
-By default a ``chroma run`` server on ``OUTBOX_CHROMA_PATH`` that every process of the machine
-shares, started by the first that needs it (``chroma_service``): one embedded folder must not
-be opened by two processes (docs/research/chroma.md). ``OUTBOX_CHROMA_URL`` names a server run
-by someone else; ``OUTBOX_CHROMA_MODE=embedded`` opens the folder in a child process of this
+By default the shared server on ``OUTBOX_CHROMA_PATH`` that every process of its owner uses,
+started by the first that needs it (``chroma_service``): one embedded folder must not be
+opened by two processes, whose writes would corrupt it. ``OUTBOX_CHROMA_URL`` names a server
+run by someone else; ``OUTBOX_CHROMA_MODE=embedded`` opens the folder in a child process of this
 one (``chroma_local``), for a single process. Collections get no embedding function:
 the sink always sends precomputed vectors, so Chroma never reaches for its default model (a
 download) and a ConnectError always means the server. Nothing connects before the first call,
@@ -31,7 +31,8 @@ from outbox.sinks.base import Deleted, DeleteOutcome, Delivered, Held, Outcome, 
 from outbox.sinks.chroma_client import Backend, ServerBackend, chroma_failure, parse_chroma_url
 from outbox.sinks.chroma_documents import chroma_metadata, has_visible_text, vector_problem
 from outbox.sinks.chroma_index import ActiveIndex, IndexPointer
-from outbox.sinks.embedding import Embedder, embedding_name, load_embedding
+from outbox.sinks.chroma_local import UNKNOWN_OPERATION
+from outbox.sinks.embedding import Embedder, builtin_name, embedding_name, load_embedding
 
 __all__ = [
     "ChromaSink",
@@ -54,6 +55,12 @@ class Stoppable(Protocol):
     """A backend that can stop the Chroma it runs for work on its files."""
 
     def stopped(self) -> contextlib.AbstractContextManager[None]: ...
+
+
+def _embeds_queries(backend: Backend) -> bool:
+    """Whether the backend's Chroma runs in a long-lived process that embeds a query text
+    itself (the shared server), instead of this process loading the model for it."""
+    return bool(getattr(backend, "embeds_queries", False))
 
 
 class EmbeddingMismatch(OutboxError):
@@ -187,7 +194,7 @@ class ChromaSink:
         fail every record)."""
         backend, _ = self._backend_now()
         active = self.active_index()
-        name = embedding_name(self.embedder())  # loads the model while the store starts
+        name = self._embedder_name(backend, active)
         max_batch = self._checked.get((active.collection, name))
         if max_batch is None:
             built_with, max_batch = backend.call("open", active.collection, name)
@@ -207,6 +214,13 @@ class ChromaSink:
                 )
             self._checked[(active.collection, name)] = max_batch
         return backend, name, max_batch
+
+    def _embedder_name(self, backend: Backend, active: ActiveIndex) -> str:
+        """The active embedder's name; the model is loaded now (while an embedded child
+        starts) unless the backend embeds queries itself and a built-in names it."""
+        spec = active.embedding or self.embedding
+        name = builtin_name(spec) if _embeds_queries(backend) else None
+        return name or embedding_name(self.embedder())
 
     def _call(self, op: str, *args: Any) -> Any:
         with self._selected() as active:
@@ -375,20 +389,46 @@ class ChromaSink:
     def search(
         self, query: str, n_results: int = 5, where: Mapping[str, Any] | None = None
     ) -> SearchHits:
-        """Semantic recall: the ``n_results`` documents nearest to ``query``."""
-        import numpy as np
-
-        embedder = self.embedder()
-        (vector,) = getattr(embedder, "embed_query", embedder)([query])
-        reply = self._call(
-            "query", np.asarray(vector, dtype=np.float32), n_results, dict(where) if where else None
-        )
+        """Semantic recall: the ``n_results`` documents nearest to ``query``. The shared
+        server embeds the query itself with a built-in embedder (the same model, the same
+        vector), so a process that only searches loads no model and no numpy."""
+        with self._selected() as active:
+            backend, name, _ = self._open()
+            spec = active.embedding or self.embedding
+            filters = dict(where) if where else None
+            reply = None
+            if _embeds_queries(backend) and builtin_name(spec) == name:
+                reply = self._remote_query(
+                    backend, active.collection, name, spec, query, n_results, filters
+                )
+            if reply is None:
+                reply = backend.call(
+                    "query", active.collection, name, self._query_vector(query), n_results, filters
+                )
         return SearchHits(
             ids=[str(i) for i in reply["ids"]],
             distances=[float(d) for d in reply["distances"]],
             documents=[str(d) for d in reply["documents"]],
             metadatas=[dict(m or {}) for m in reply["metadatas"]],
         )
+
+    def _remote_query(self, backend: Backend, *args: Any) -> dict[str, list[Any]] | None:
+        """``query_text`` on the server; None from a server an older version of the library
+        started (it knows no such call), whose query is then embedded here."""
+        try:
+            reply: dict[str, list[Any]] = backend.call("query_text", *args)
+        except RuntimeError as exc:
+            if not str(exc).startswith(UNKNOWN_OPERATION):
+                raise
+            return None
+        return reply
+
+    def _query_vector(self, query: str) -> Any:
+        import numpy as np
+
+        embedder = self.embedder()
+        (vector,) = getattr(embedder, "embed_query", embedder)([query])
+        return np.asarray(vector, dtype=np.float32)
 
     def count(self) -> int:
         return int(self._call("count"))

@@ -18,7 +18,7 @@ from outbox.core.errors import ConfigError
 from outbox.core.states import FailureReason
 from outbox.sinks.base import Permanent, Transient, describe
 from outbox.sinks.chroma_documents import MetadataValue
-from outbox.sinks.embedding import register_with_chroma
+from outbox.sinks.embedding import builtin_name, load_embedding, register_with_chroma
 
 if TYPE_CHECKING:
     from chromadb.api import ClientAPI
@@ -166,6 +166,24 @@ class CollectionOps:
             )
         )
         return {field: list((reply.get(field) or [[]])[0]) for field in ["ids", *_INCLUDE]}
+
+    def query_text(
+        self,
+        name: str,
+        embedding: str,
+        spec: str,
+        text: str,
+        n_results: int,
+        where: dict[str, Any] | None,
+    ) -> dict[str, list[Any]]:
+        """``query`` for a text, embedded here by the built-in embedder ``spec``: the shared
+        server keeps the model loaded, so a short-lived caller (``outbox search``) loads
+        neither the model nor numpy. Only built-ins: no caller names a module to import."""
+        if builtin_name(spec) != embedding:
+            raise ValueError(f"{spec!r} is not the built-in embedder {embedding!r}")
+        embedder = load_embedding(spec)
+        (vector,) = getattr(embedder, "embed_query", embedder)([text])
+        return self.query(name, embedding, vector, n_results, where)
 
     def count(self, name: str, embedding: str) -> int:
         return self._with(name, embedding, lambda c: c.count())

@@ -9,12 +9,11 @@ ends hold: nothing to authenticate), whose ``poll`` a timeout can bound.
 
 Used only when ``OUTBOX_CHROMA_MODE=embedded``; by default every process shares one server
 (``chroma_service``). The mode stays because the shared server does not cover every case: it
-needs the ``chroma`` command and a loopback port, and it outlives the process that started
-it, while a single process (a script, a sandbox without listening sockets, the test suite)
-may want the folder opened inside it and nothing left running after it exits. There is one
+outlives the process that started it, while a single process (a script, a sandbox, the test
+suite) may want the folder opened inside it and nothing left running after it exits. There is one
 child per store folder per process, shared by every sink on that folder, and a lock file
 keeps the children of other processes and the shared server out: two processes writing one
-folder corrupt it (docs/research/chroma.md). A call that times out is not cancelled; the
+folder corrupt it. A call that times out is not cancelled; the
 child finishes it and its answer is read and dropped before the next request.
 """
 
@@ -41,7 +40,9 @@ from outbox.core.states import FailureReason
 from outbox.sinks.base import Transient
 
 OWNER_LOCK = "outbox-owner.lock"
-OPS = frozenset({"open", "upsert", "query", "count", "drop", "delete"})
+OPS = frozenset({"open", "upsert", "query", "query_text", "count", "drop", "delete"})
+# How a Chroma process refuses a call it does not know (one an older version started).
+UNKNOWN_OPERATION = "unknown operation"
 # The sink's own bound comes a little after the dispatcher's, which normally fires first.
 _GRACE = 1.0
 # Starting a child (Python, then chromadb's import) may take seconds on a busy machine; it is
@@ -293,7 +294,7 @@ def serve(path: Path, conn: Connection) -> None:
             break
         try:
             if op not in OPS:
-                raise RuntimeError(f"unknown operation {op!r}")
+                raise RuntimeError(f"{UNKNOWN_OPERATION} {op!r}")
             ownership.ensure()
             if ops is None:
                 ops = CollectionOps(chromadb.PersistentClient(str(path)))

@@ -561,6 +561,9 @@ class SharedBackend:
     again after it went away (the call is then made once more: upsert, query, count and open
     may all be repeated safely)."""
 
+    # The server keeps a built-in embedder loaded and embeds query texts (``query_text``).
+    embeds_queries = True
+
     def __init__(self, folder: Path, timeout: float, idle: float) -> None:
         self.server = SharedServer(folder, idle, wanted=lambda: not self._closed)
         self.timeout = timeout

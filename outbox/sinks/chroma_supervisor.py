@@ -28,7 +28,7 @@ from typing import IO, Any
 
 from outbox.core.errors import OutboxError
 from outbox.core.safe_files import open_stream
-from outbox.sinks.chroma_local import OPS, OWNER_LOCK, portable
+from outbox.sinks.chroma_local import OPS, OWNER_LOCK, UNKNOWN_OPERATION, portable
 from outbox.sinks.chroma_service import (
     HANDSHAKE,
     SOCKET,
@@ -103,7 +103,7 @@ class Service:
             return "ok", os.getpid()
         try:
             if op not in OPS:
-                raise RuntimeError(f"unknown operation {op!r}")
+                raise RuntimeError(f"{UNKNOWN_OPERATION} {op!r}")
             with self.lock:
                 return "ok", getattr(self.ops, op)(*args)
         except Exception as exc:

@@ -150,6 +150,10 @@ class _BuiltinEmbedding:
     def __call__(self, input: list[str]) -> list[Vector]:
         raise NotImplementedError
 
+    @staticmethod
+    def name() -> str:
+        raise NotImplementedError
+
     def embed_query(self, input: list[str]) -> list[Vector]:
         return self(input)
 
@@ -232,7 +236,7 @@ class HashingEmbedding(_BuiltinEmbedding):
     """FOR TESTS ONLY, never a fallback: used solely when ``OUTBOX_EMBEDDING=hashing``.
 
     Signed feature hashing of lowercase words and word pairs into 384 dimensions: fast and
-    deterministic, but lexical, so it cannot match a paraphrase (see docs/research/chroma.md).
+    deterministic, but lexical, so it cannot match a paraphrase.
     Text without a word gives the zero vector, which the Chroma sink refuses.
     """
 
@@ -297,6 +301,13 @@ def shared(cls: type[Built]) -> Built:
             _cache[cls] = cls()
         embedder: Built = _cache[cls]
         return embedder
+
+
+def builtin_name(spec: str) -> str | None:
+    """The name a built-in embedder records on a collection, without loading its model (a
+    process that only asks the shared server a query never needs it); None for others."""
+    cls = _BUILTIN.get(spec)
+    return None if cls is None else cls.name()
 
 
 def load_embedding(spec: str = MINILM) -> Embedder:

@@ -64,10 +64,16 @@ def _search_line(hit: RecallHit) -> str:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    """``Outbox.recall`` as a table of typed hits; ``--json`` prints memory-core's answer."""
+    """``Outbox.recall`` as a table of typed hits; ``--json`` prints memory-core's answer.
+
+    A read needs no mirror repair (it changes no hit; the next write or dispatcher does it),
+    so the open skips it, as ``show`` does; waiting fallback files are still imported, so a
+    memory the database could not take at first is found by its words as before."""
     from outbox.memory_core import recall_view
 
-    with open_outbox() as ob:
+    with open_outbox(repair=False) as ob:
+        if ob.unavailable is None:
+            ob.import_fallback()
         answer = ob.recall(
             args.query,
             limit=args.n,

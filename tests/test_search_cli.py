@@ -1,0 +1,129 @@
+"""``outbox search`` from a shell: the hits ``Outbox.recall`` gives, without loading the model.
+
+The shared Chroma server embeds the query (``query_text``), so the command loads neither
+onnxruntime, tokenizers, numpy nor chromadb; these tests hold it to the same answer as the
+library call, and the server's query vector to the one this process would have made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from outbox import Outbox, Settings, load_settings
+from outbox.faces.demo import TURNS
+from outbox.memory_core import recall_view
+from outbox.sinks.chroma_service import SharedBackend
+from outbox.sinks.embedding import builtin_name, load_embedding
+from tests.chroma_server import stop_servers_under
+
+QUERIES = (
+    "when does the nightly backfill run?",  # both legs
+    "which database settings did we pick",  # by meaning
+    "heron quarry",  # by its words
+    "banana smoothie recipe",  # nothing
+)
+NOT_LOADED = ("chromadb", "onnxruntime", "tokenizers", "numpy")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+    """A store of the demo's turns and a few notes, drained into its shared Chroma server."""
+    folder = tmp_path_factory.mktemp("search-cli")
+    settings = load_settings(
+        env={}, home=folder / ".outbox", markdown_dir=folder / "md", sinks="chroma"
+    )
+    try:
+        with Outbox.open(settings) as ob:
+            for prompt, thought, response in TURNS:
+                ob.add(f"{prompt} → {response}", metadata={"session_id": "a", "thought": thought})
+            ob.add("The nightly backfill moved to the spare host.", tags=["ops"])
+            ob.add("We chose SQLite in WAL mode with synchronous FULL.", tags=["decision"])
+            assert ob.drain(timeout=120).ok
+        yield settings
+    finally:
+        stop_servers_under(folder)
+
+
+def _environ(settings: Settings) -> dict[str, str]:
+    env = {name: value for name, value in os.environ.items() if not name.startswith("OUTBOX_")}
+    env.update(
+        OUTBOX_HOME=str(settings.home),
+        OUTBOX_MARKDOWN_DIR=str(settings.markdown_dir),
+        OUTBOX_SINKS="chroma",
+    )
+    return env
+
+
+def _shell_search(settings: Settings, *args: str) -> dict[str, object]:
+    done = subprocess.run(
+        [sys.executable, "-m", "outbox", "search", *args, "--json"],
+        env=_environ(settings),
+        cwd=settings.home.parent,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    answer: dict[str, object] = json.loads(done.stdout)
+    return answer
+
+
+def test_search_in_a_shell_answers_as_recall_does(store: Settings) -> None:
+    with Outbox.open(store) as ob:
+        for query in QUERIES:
+            for options, flags in (({}, ()), ({"min_relevance": 0.0, "limit": 5}, ("-n", "5"))):
+                if flags:
+                    flags = (*flags, "--min-relevance", "0")
+                expected = json.loads(
+                    json.dumps(recall_view(ob.recall(query, **options)), default=str)
+                )
+                assert _shell_search(store, query, *flags) == expected, query
+    meant = _shell_search(store, QUERIES[1])["results"]
+    assert isinstance(meant, list) and "vector" in meant[0]["legs"]  # the server was asked
+
+
+def test_search_in_a_shell_loads_no_model_numpy_or_chromadb(store: Settings) -> None:
+    script = (
+        "import json, sys\n"
+        "from outbox.faces.cli import main\n"
+        f"code = main(['search', {QUERIES[0]!r}, '--json'])\n"
+        f"heavy = {NOT_LOADED!r}\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in heavy)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=_environ(store),
+        cwd=store.home.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    answer, loaded = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
+    assert {"lexical", "vector"} <= set(answer["results"][0]["legs"])
+    assert loaded == []
+
+
+def test_the_server_embeds_a_query_as_this_process_would(store: Settings) -> None:
+    """The same vector, so the same neighbours at the same distances, to the last bit."""
+    name = builtin_name("minilm")
+    assert name is not None
+    embedder = load_embedding("minilm")
+    backend = SharedBackend(store.chroma_path, timeout=60.0, idle=600.0)
+    try:
+        for query in QUERIES:
+            (vector,) = getattr(embedder, "embed_query", embedder)([query])
+            here = backend.call("query", store.chroma_collection, name, vector, 6, None)
+            there = backend.call(
+                "query_text", store.chroma_collection, name, "minilm", query, 6, None
+            )
+            assert there == here and len(there["ids"]) == 6
+    finally:
+        backend.close()
