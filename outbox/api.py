@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection
 
 from outbox.core.config import Settings, load_settings
-from outbox.core.errors import DatabaseLacksRecords
+from outbox.core.errors import DatabaseLacksRecords, OutboxError
 from outbox.core.folders import ensure_private_dir
 from outbox.core.receipt import Receipt
 from outbox.core.record import DEFAULT_IMPORTANCE, Record, build_record
@@ -51,6 +51,19 @@ if TYPE_CHECKING:
     from outbox.write.replay import Replayer, ReplayReport
 
 log = logging.getLogger(__name__)
+
+
+def _refuse_missing(settings: Settings) -> None:
+    """A read never creates: no store folder, or a SQLite database whose folder is not
+    there (``OUTBOX_DB_URL`` naming a place that does not exist), is one clear error."""
+    if not settings.home.is_dir():
+        raise OutboxError(f"no outbox store at {settings.home}")
+    database = sqlite_path(settings.db_url)
+    if database is not None and not database.parent.is_dir():
+        raise OutboxError(
+            f"no outbox database at {database}: its folder {database.parent} does not exist "
+            "(check OUTBOX_DB_URL)"
+        )
 
 
 class Outbox:
@@ -102,15 +115,25 @@ class Outbox:
 
     @classmethod
     def open(
-        cls, settings: Settings | None = None, *, repair: bool = True, **overrides: Any
+        cls,
+        settings: Settings | None = None,
+        *,
+        repair: bool = True,
+        create: bool = True,
+        **overrides: Any,
     ) -> Outbox:
         """Open with settings from the environment, YAML file and defaults (keywords win).
 
         ``repair=False`` leaves the fallback import and mirror repair to a later
         ``sync_mirrors()`` call, for a caller that wants its write to come first.
+        ``create=False`` (a command that only reads) makes no folder: a store or a SQLite
+        database folder that is not there is an error naming it, not a new empty store.
         """
         if settings is None:
             settings = load_settings(**overrides)
+        if not create:
+            _refuse_missing(settings)
+            return cls(settings, repair=repair)
         try:
             ensure_private_dir(settings.home)
         except OSError as exc:

@@ -187,7 +187,7 @@ def test_a_successful_store_writes_no_fallback_file(settings: Settings, tmp_path
     matter = front_matter(path)
     assert matter["sinks"] == {FAULTY: "delivered"}
     assert matter["sink_ids"] == {FAULTY: sink_id}
-    assert (matter["reason"], matter["retry_attempted"]) == ("pending", False)
+    assert (matter["reason"], matter["retry_attempted"]) == ("delivered", False)
     _no_fallback_trace(settings.markdown_dir)
     added = run_cli(
         ["add", "a second memory, through the command line"], cwd=tmp_path, env=_env(settings)

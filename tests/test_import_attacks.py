@@ -113,13 +113,16 @@ def test_replay_skips_each_bad_file_with_one_line_and_imports_the_rest(
     (event,) = [e for e in jsonl_events(tmp_path) if e["event"] == "accepted"]
     assert event["content"] == "a good legacy memory"
     assert good.exists() and report["imported"] == [event["key"][:12]]
-    # A skipped file is named by a digest of its name, which carries words of its content.
+    # The owner's report names a skipped file by its path (contract 11); the digest of its
+    # name, which log lines use, is there too.
     skipped = {entry["file_digest"]: entry["why"] for entry in report["skipped"]}
+    paths = {entry["file_digest"]: entry["path"] for entry in report["skipped"]}
+    assert paths[name_digest("2026-03-15-nan.md")] == str(folder / "2026-03-15-nan.md")
     assert len(skipped) == len(POISON) - 1
     assert all("metadata" in why and "\n" not in why for why in skipped.values())
     assert "NaN or infinity" in skipped[name_digest("2026-03-15-nan.md")]
     assert "over 65536 bytes" in skipped[name_digest("2026-03-15-anchors.md")]
-    assert "nan.md" not in result.stdout.decode()
+    assert "nan.md" not in result.stderr.decode()
 
 
 def name_digest(name: str) -> str:

@@ -300,6 +300,26 @@ def test_the_metrics_endpoint_counts_writes_deliveries_and_failures(
     assert f"metrics on http://127.0.0.1:{port}/metrics" in said
 
 
+def test_a_forgotten_record_is_counted_apart_from_the_records(
+    env: dict[str, str], tmp_path: Path, daemon: tuple[subprocess.Popen[bytes], int]
+) -> None:
+    """``outbox_records`` is what ``status`` says: the live records; a forget moves one to
+    ``outbox_forgotten_records`` as soon as it commits (both are read at the scrape)."""
+    _process, port = daemon
+    _scrape_when_ready(port)
+    keys = []
+    for n in range(7):
+        done = run_cli(["add", "--json", f"memory {n} to count"], cwd=tmp_path, env=env)
+        assert done.returncode == 0, done.stderr.decode()
+        keys.append(json.loads(done.stdout)["key"])
+    forgot = run_cli(["forget", keys[0][:12]], cwd=tmp_path, env=env)
+    assert forgot.returncode == 0, forgot.stderr.decode()
+    scraped = _scrape(port)
+    status = json.loads(run_cli(["status", "--json"], cwd=tmp_path, env=env).stdout)
+    assert scraped["outbox_records{}"] == status["records"] == 6.0
+    assert scraped.get("outbox_forgotten_records{}") == status["forgotten"] == 1.0
+
+
 def test_a_write_the_database_refused_is_counted_once_by_its_reason(
     env: dict[str, str], tmp_path: Path, daemon: tuple[subprocess.Popen[bytes], int]
 ) -> None:

@@ -293,3 +293,27 @@ def test_nothing_to_do_and_interrupted(
     assert main(["reindex"]) == 0
     assert "nothing to do" in capsys.readouterr().out
     assert _collections(settings) == {BASE: keys}
+
+
+def test_a_forgotten_record_is_neither_embedded_nor_counted_as_a_record(tmp_path: Path) -> None:
+    """Forget one of seven, then change the model: the new collection holds the six live
+    records, and the report says six records, six embedded and one forgotten, as ``status``."""
+    settings = _settings(tmp_path, "hashing")
+    keys = _filled(settings, 7)
+    gone = sorted(keys)[0]
+    with Outbox.open(settings) as ob:
+        ob.forget(gone)
+        assert ob.drain(timeout=120).ok  # Chroma's delete
+    assert _collections(settings) == {BASE: keys - {gone}}
+    done = subprocess.run(
+        [sys.executable, "-m", "outbox", "reindex", "--json"],
+        env=_command_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert (report["status"], report["records"], report["embedded"]) == ("done", 6, 6)
+    assert report["forgotten"] == 1
+    assert _collections(settings) == {f"{BASE}.v1": keys - {gone}}

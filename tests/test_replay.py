@@ -3,8 +3,10 @@
 The files under ``tests/fixtures/legacy/`` are hand-written in that skill's format; each test
 works on a copy. Replay is run as the real ``outbox replay`` command; deliveries through the
 ``outbox drain`` command with the FaultySink. The report names each record by its key prefix
-and a file it could not read by a digest of its name, never by the name itself (issue 13,
-point 5): a file's name carries the first words of its memory.
+(issue 13, point 5: a file's name carries the first words of its memory), and a file it
+skipped by its path, relative to the markdown folder: the owner reads the report in their
+own terminal and has to find that file (issue 22, point 7). Logs, which travel, keep naming
+a file by a digest of its name.
 """
 
 from __future__ import annotations
@@ -72,10 +74,13 @@ def _fixture_key(name: str) -> str:
     return contract_key(split_markdown(FIXTURES / name)[1].decode("utf-8"), PENDING[name])
 
 
-def _assert_names_no_file(output: bytes) -> None:
-    """No fixture's name, nor the words of it that come from the memory, in ``output``."""
+def _assert_names_no_file(output: bytes, *, but: tuple[str, ...] = ()) -> None:
+    """No fixture's name (``but`` these), nor the words of it that come from the memory,
+    in ``output``."""
     text = output.decode("utf-8")
     for path in FIXTURES.glob("*.md"):
+        if path.name in but:
+            continue
         assert path.name not in text
         assert path.stem[11:] not in text, path.stem  # the slug: the memory's first words
 
@@ -91,7 +96,8 @@ def test_replay_of_seed_000_files(settings: Settings, legacy: Path) -> None:
     original = _snapshot(legacy)
     done = run_cli(["replay", str(legacy), "--json"], cwd=settings.home.parent, env=_env(settings))
     assert done.returncode == 0, done.stderr
-    _assert_names_no_file(done.stdout + done.stderr)
+    _assert_names_no_file(done.stdout, but=MALFORMED)  # the skipped files' paths, only
+    _assert_names_no_file(done.stderr)
     report = json.loads(done.stdout)
     assert report["refused"] is None and report["ok"] is True
     prefixes = {name: _fixture_key(name)[:12] for name in PENDING}
@@ -101,6 +107,8 @@ def test_replay_of_seed_000_files(settings: Settings, legacy: Path) -> None:
     skipped = {entry["file_digest"]: entry for entry in report["skipped"]}
     assert sorted(skipped) == sorted(_digest(name) for name in MALFORMED)
     assert all(entry["key"] is None for entry in skipped.values())  # none could be read
+    for name in MALFORMED:  # --json paths are absolute
+        assert skipped[_digest(name)]["path"] == str(legacy / name)
     assert "closing" in skipped[_digest("2026-03-18-no-closing-fence.md")]["why"]
     assert "YAML" in skipped[_digest("2026-03-18-invalid-yaml.md")]["why"]
     assert "timestamp" in skipped[_digest("2026-03-18-no-timestamp.md")]["why"]
@@ -158,13 +166,16 @@ def test_replay_of_seed_000_files(settings: Settings, legacy: Path) -> None:
     jsonl = settings.jsonl_path.read_bytes()
     again = run_cli(["-v", "replay", str(legacy)], cwd=settings.home.parent, env=_env(settings))
     assert again.returncode == 0
-    _assert_names_no_file(again.stdout + again.stderr)  # the words, and the logs at INFO
+    _assert_names_no_file(again.stdout, but=MALFORMED)
+    _assert_names_no_file(again.stderr)  # the logs at INFO
     text = again.stdout.decode("utf-8")
     assert text.startswith(
         f"0 imported, {len(PENDING) + 1} already in the outbox, 3 skipped, 0 left for a later run"
     )
-    for name in MALFORMED:
-        assert f"skipped file #{_digest(name)}: " in text
+    for name in MALFORMED:  # relative to the markdown folder, which the owner can open
+        assert f"\nskipped {name}: " in text
+        assert (legacy / name).exists()
+    assert "file #" not in text
     assert settings.jsonl_path.read_bytes() == jsonl
     with Outbox.open(settings) as ob:
         assert ob.storage.records.count_records() == len(PENDING)
@@ -269,3 +280,19 @@ def test_a_fallback_file_the_open_cannot_import_is_logged_by_digest(settings: Se
     stderr = done.stderr.decode("utf-8")
     assert f"fallback import skipped file #{_digest(name)}: " in stderr
     assert "hunter2" not in stderr + done.stdout.decode("utf-8")
+
+
+def test_a_skipped_file_outside_the_markdown_folder_is_named_by_its_absolute_path(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """``outbox replay DIR`` on a folder elsewhere: the report names the file it skipped by
+    a path the owner can open from anywhere; its log lines still name none."""
+    folder = tmp_path / "old-session"
+    folder.mkdir()
+    name = "2026-03-18-no-timestamp.md"
+    shutil.copyfile(FIXTURES / name, folder / name)
+    done = run_cli(["-v", "replay", str(folder)], cwd=settings.home.parent, env=_env(settings))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.decode("utf-8").splitlines()
+    assert lines[1] == f"skipped {folder / name}: front matter has no timestamp"
+    _assert_names_no_file(done.stderr)

@@ -280,3 +280,26 @@ def test_the_wheel_ships_the_templates_and_static_files(tmp_path: Path) -> None:
         for path in (package / folder).iterdir()
     }
     assert len(shipped) >= 9 and shipped <= names
+
+
+def test_the_overview_counts_the_records_the_memories_page_lists(ui: UiServer) -> None:
+    """After forgetting one of seven, the overview's figure is the six the memories page
+    lists, and the forgotten one has a figure of its own."""
+    with ui.open() as ob:
+        keys = [ob.add(f"memory number {n} on the dashboard").key for n in range(7)]
+        ob.forget(keys[2])
+    headers = {"Cookie": ui.cookie}
+    status, _headers, overview = ui.request("GET", "/", headers=headers)
+    assert status == 200
+    figures = dict(
+        (label, int(figure))
+        for figure, label in re.findall(
+            r'<span class="figure">(\d+)</span><span>([a-z ]+)</span>', overview
+        )
+    )
+    status, _headers, memories = ui.request("GET", "/memories", headers=headers)
+    assert status == 200
+    listed = len(re.findall(r'<a href="/memories/[0-9a-f]{64}">', memories))
+    assert listed == 6
+    assert figures["records"] == listed
+    assert figures["forgotten"] == 1

@@ -3,7 +3,9 @@
 A markdown file's name starts with its memory's first words (``<date>-<first words>-<hash>.md``),
 so no message the library makes shows one: a record is named by its key prefix, a file with no
 key to go by by a digest of its name, and a markdown path only by its folder. Every layer uses
-these, the command line included, so there is one definition of each.
+these, the command line included, so there is one definition of each. The one exception is
+the ``outbox replay`` report, which its owner reads in a terminal: it gives a skipped file's
+path so they can find it (contract section 11).
 """
 
 from __future__ import annotations

@@ -24,6 +24,13 @@ MAX_TAG_CHARS = 200
 MAX_METADATA_BYTES = 65_536
 
 
+# Metadata a replay adds to a record it imports from a file another tool's fallback wrote, the
+# names BrainLayer's ``store_memory`` takes them by: the file's absolute path, and what
+# replayed it (``outbox <version>``). Neither is part of the key.
+FALLBACK_SOURCE_PATH = "fallback_source_path"
+REPLAYED_BY = "replayed_by"
+
+
 @dataclass(frozen=True)
 class Record:
     """One memory as the outbox stores it; ``key`` is its identity everywhere."""

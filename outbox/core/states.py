@@ -77,6 +77,9 @@ class FailureReason(StrEnum):
 
 # The front matter's ``reason`` while nothing has failed yet.
 REASON_PENDING = "pending"
+# ... and once every sink has the record without a failure on the way: no failure class to
+# give, and ``pending`` would say it still waits (contract 3 allows more words).
+REASON_DELIVERED = "delivered"
 
 
 class MirrorEvent(StrEnum):

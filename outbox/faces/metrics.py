@@ -6,7 +6,8 @@ Three feeds, each named in docs/operations.md:
   dead letters, batch duration, and delivery latency (the record's commit, as the database
   recorded it, to its delivery);
 - the database, read at each scrape: rows per sink and state, pending depth, the oldest
-  pending row's age, dead letters, records, dispatchers alive or gone, fallback files waiting;
+  pending row's age, dead letters, records (live, and forgotten apart), dispatchers alive or
+  gone, fallback files waiting;
 - writes, which other processes make: read from the database as they land (this machine's
   records only), once each; a write the database refused, from the fallback index, once per
   file a scrape finds waiting, by the reason its front matter gives. ``outbox_add_seconds``
@@ -290,9 +291,14 @@ class _DatabaseCollector:
             age.add_metric([sink], max(0.0, now - oldest[sink]) if sink in oldest else 0.0)
             dead.add_metric([sink], states.get(DeliveryState.DEAD, 0))
         yield from (rows, pending, age, dead)
-        records = GaugeMetricFamily("outbox_records", "Records in the database.")
-        records.add_metric([], storage.records.count_records())
-        yield records
+        held = storage.records.counts()
+        records = GaugeMetricFamily("outbox_records", "Live records (forgotten ones not).")
+        records.add_metric([], held.live)
+        forgotten = GaugeMetricFamily(
+            "outbox_forgotten_records", "Forgotten records: tombstones that keep only a key."
+        )
+        forgotten.add_metric([], held.forgotten)
+        yield from (records, forgotten)
         alive = GaugeMetricFamily(
             "outbox_dispatchers",
             "Dispatcher daemons on record: alive, gone (stopped beating), stopped.",

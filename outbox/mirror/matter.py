@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from outbox.core.record import Record
-from outbox.core.states import REASON_PENDING, BuiltinSink, DeliveryState
+from outbox.core.states import REASON_DELIVERED, REASON_PENDING, BuiltinSink, DeliveryState
 
 if TYPE_CHECKING:
     from outbox.store.deliveries import DeliveryRow
@@ -54,8 +54,23 @@ def initial(record: Record, sinks: Iterable[str], reason: str = REASON_PENDING) 
     )
 
 
+def reason_of(rows: Sequence[DeliveryRow]) -> str:
+    """The front matter's ``reason``: the last failure's class once anything failed (it
+    says why the record was, or is, waiting); otherwise ``delivered`` when every sink has
+    it, else ``pending``. No rows (pruned, say) is no evidence of delivery: ``pending``."""
+    failures = sorted(
+        (row for row in rows if row.error_class),
+        key=lambda row: row.delivered_at or row.available_at,
+    )
+    if failures:
+        return failures[-1].error_class or REASON_PENDING
+    if rows and all(row.state == DeliveryState.DELIVERED for row in rows):
+        return REASON_DELIVERED
+    return REASON_PENDING
+
+
 def delivered(record: Record, rows: Sequence[DeliveryRow]) -> dict[str, Any]:
-    """What the deliveries say now: BrainLayer's chunk id, retries, the last failure class."""
+    """What the deliveries say now: BrainLayer's chunk id, retries, the reason."""
     chunk_id = next(
         (
             row.sink_id
@@ -64,14 +79,10 @@ def delivered(record: Record, rows: Sequence[DeliveryRow]) -> dict[str, Any]:
         ),
         None,
     )
-    failures = sorted(
-        (row for row in rows if row.error_class),
-        key=lambda row: row.delivered_at or row.available_at,
-    )
     matter = _matter(
         record,
         intended_brain_store=any(row.sink == BuiltinSink.BRAINLAYER for row in rows),
-        reason=(failures[-1].error_class or REASON_PENDING) if failures else REASON_PENDING,
+        reason=reason_of(rows),
         retry_attempted=any(row.attempts > 1 or row.error_class for row in rows),
         chunk_id=chunk_id,
         sink_states={row.sink: row.state for row in rows},
@@ -85,8 +96,9 @@ def delivered(record: Record, rows: Sequence[DeliveryRow]) -> dict[str, Any]:
 def delivery_updates(
     current: Mapping[str, object], state: Mapping[str, object], rows: Sequence[DeliveryRow]
 ) -> dict[str, object]:
-    """The keys a delivery changes in an existing file; the rest (a legacy file's own reason,
-    timestamp notation, tags) stays as the file has it."""
+    """The keys a delivery changes in an existing file; the rest (a legacy or fallback
+    file's own reason, which says why it was queued, timestamp notation, tags) stays as the
+    file has it. A ``pending`` reason, ours, follows the deliveries."""
     updates = {name: state[name] for name in ("chunk_id", "sinks", "key") if name in state}
     if "sink_ids" in state:
         updates["sink_ids"] = state["sink_ids"]
@@ -98,6 +110,9 @@ def delivery_updates(
         or bool(state["retry_attempted"])
         or (legacy and any(row.attempts > 0 for row in rows))
     )
-    if any(row.error_class for row in rows):
+    if any(row.error_class for row in rows) or current.get("reason") in (
+        REASON_PENDING,
+        REASON_DELIVERED,
+    ):
         updates["reason"] = state["reason"]
     return updates

@@ -22,7 +22,11 @@ MAX_PROBLEMS = 50
 
 @dataclass
 class VerifyReport:
+    """What a verify found. ``records`` are the live ones, as in ``status``; forgotten
+    records (tombstones the check also reads) are counted apart."""
+
     records: int = 0
+    forgotten: int = 0
     jsonl_lines: int = 0
     markdown_files: int = 0
     problems: list[str] = field(default_factory=list)
@@ -268,7 +272,10 @@ def _check_batch(
 ) -> None:
     rows = storage.deliveries.deliveries_for(item.record.key for item in batch)
     for item in batch:
-        report.records += 1
+        if item.forgotten:
+            report.forgotten += 1
+        else:
+            report.records += 1
         key = item.record.key
         _check_accepted(item, index.accepted.pop(key, []), report, where)
         _check_events(rows.get(key, []), index, report, where)

@@ -29,14 +29,10 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import func, select
-
 from outbox.core.config import Settings
 from outbox.core.errors import ConfigError, OutboxError
 from outbox.core.file_lock import exclusive
 from outbox.sinks.chroma_index import ActiveIndex, IndexPointer, read_json, write_json_atomically
-from outbox.store.rows import StoredRecord, row_to_record
-from outbox.store.schema import records
 
 if TYPE_CHECKING:
     from outbox.core.record import Record
@@ -65,7 +61,9 @@ class ReindexProgress:
 
 @dataclass(frozen=True)
 class ReindexReport:
-    """What a run did: ``status`` is done, nothing to do or interrupted (run it again)."""
+    """What a run did: ``status`` is done, nothing to do or interrupted (run it again).
+    ``records`` are the live records the new collection holds; forgotten ones are never
+    embedded, and ``forgotten`` counts them apart, as ``status`` does."""
 
     status: str
     collection: str
@@ -73,6 +71,7 @@ class ReindexReport:
     embedding: str
     records: int
     embedded: int
+    forgotten: int
     resumed_after: int
     seconds: float
 
@@ -95,8 +94,8 @@ class _State:
     built_with: str  # that embedder's name
     generation: int
     done_seq: int = 0
-    seen: int = 0  # records up to done_seq read (the lost-record check at the switch)
-    stored: int = 0  # of them, upserted into the target
+    seen: int = 0  # rows up to done_seq read, tombstones too (the lost-row check at the switch)
+    stored: int = 0  # live records among them upserted into the target
 
     @classmethod
     def load(cls, path: Path) -> _State | None:
@@ -182,22 +181,23 @@ class Reindexer:
         finally:
             target.close()
         if not switched:
-            return self._report(_INTERRUPTED, current.collection, None, state.seen, resumed_after)
+            return self._report(_INTERRUPTED, current.collection, None, state.stored, resumed_after)
         self._retrying(lambda: sink.retire(state.previous))
         self.state_path.unlink(missing_ok=True)
         log.info("reindex done: %r replaces %r", state.target, state.previous)
-        return self._report(_DONE, state.target, state.previous, state.seen, resumed_after)
+        return self._report(_DONE, state.target, state.previous, state.stored, resumed_after)
 
     def _report(
-        self, status: str, collection: str, previous: str | None, seen: int, resumed: int
+        self, status: str, collection: str, previous: str | None, stored: int, resumed: int
     ) -> ReindexReport:
         return ReindexReport(
             status=status,
             collection=collection,
             previous=previous,
             embedding=self.settings.embedding,
-            records=seen,
+            records=stored,
             embedded=self.embedded,
+            forgotten=self.storage.records.counts().forgotten,
             resumed_after=resumed,
             seconds=round(time.monotonic() - self._started, 3),
         )
@@ -265,7 +265,8 @@ class Reindexer:
             if not self._fill(state, target, progress, stop):
                 return False
             with self.pointer.held(exclusive=True):
-                newest, seen = self._newest_seq(), self._count_upto(state.done_seq)
+                records = self.storage.records
+                newest, seen = records.newest_seq(), records.rows_upto(state.done_seq)
                 if newest <= state.done_seq and seen == state.seen:
                     self.pointer.write(ActiveIndex(state.target, state.embedding, state.generation))
                     return True
@@ -282,21 +283,23 @@ class Reindexer:
         stop: threading.Event | None,
     ) -> bool:
         """Embed and upsert batch after batch, saving the position after each; False when
-        ``stop`` was set."""
+        ``stop`` was set. A forgotten record's tombstone moves the position on and is never
+        embedded: its words are gone, and recall must not find an empty memory."""
         while True:
             if stop is not None and stop.is_set():
                 return False
-            rows = self._records_after(state.done_seq)
+            rows = self.storage.records.rows_after(state.done_seq, self.batch)
             if not rows:
                 return True
-            stored = self._deliver(target, [row.record for row in rows])
+            live = [row.record for row in rows if not row.forgotten]
+            stored = self._deliver(target, live) if live else 0
             state.done_seq = rows[-1].seq
             state.seen += len(rows)
             state.stored += stored
             state.save(self.state_path)
-            self.embedded += len(rows)
+            self.embedded += stored
             if progress is not None:
-                progress(self._progress(state.seen))
+                progress(self._progress(state.stored))
 
     def _progress(self, done: int) -> ReindexProgress:
         total = max(done, self.storage.records.count_records())
@@ -332,23 +335,6 @@ class Reindexer:
                 log.warning("Chroma call failed (%s); trying again", failure.message)
                 time.sleep(min(2.0 ** (attempt - 1), 15.0))
         raise AssertionError("unreachable")
-
-    # -- the records -------------------------------------------------------------------------
-
-    def _records_after(self, seq: int) -> list[StoredRecord]:
-        query = select(records).where(records.c.seq > seq).order_by(records.c.seq)
-        with self.storage.reader.connect() as conn:
-            rows = conn.execute(query.limit(self.batch)).all()
-        return [row_to_record(row) for row in rows]
-
-    def _newest_seq(self) -> int:
-        with self.storage.reader.connect() as conn:
-            return int(conn.execute(select(func.max(records.c.seq))).scalar() or 0)
-
-    def _count_upto(self, seq: int) -> int:
-        query = select(func.count()).select_from(records).where(records.c.seq <= seq)
-        with self.storage.reader.connect() as conn:
-            return int(conn.execute(query).scalar_one())
 
     def _only_run(self) -> contextlib.AbstractContextManager[None]:
         """One reindex of a collection at a time, across processes; a second is refused at

@@ -20,6 +20,7 @@ from outbox.core.receipt import Receipt
 from outbox.core.states import SETTLED, DeliveryState, ReceiptStatus
 from outbox.mirror.jsonl import record_count
 from outbox.store.driver_errors import reason_of
+from outbox.store.records import RecordCounts
 from outbox.write.fallback import FallbackQueue
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ def missing_view(records: int, settings: Settings, missing: DatabaseLacksRecords
 
 
 def _status(storage: Storage, settings: Settings, now: float, *, read: bool) -> dict[str, Any]:
+    records = storage.records.counts() if read else RecordCounts(live=0, forgotten=0)
     counts = storage.deliveries.counts() if read else {}
     oldest = storage.deliveries.oldest_pending() if read else {}
     retrying = storage.deliveries.retrying() if read else {}
@@ -75,7 +77,8 @@ def _status(storage: Storage, settings: Settings, now: float, *, read: bool) -> 
         for sink in sinks
     }
     return {
-        "records": storage.records.count_records() if read else 0,
+        "records": records.live,  # what every surface calls records: the live ones
+        "forgotten": records.forgotten,
         "sinks": per_sink,
         "dead_letters": sum(entry["dead"] for entry in per_sink.values()),
         "dispatchers": [dispatcher_view(beat, now) for beat in storage.heartbeats.all()]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import inspect
 import logging
 import time
 from collections.abc import Sequence
@@ -31,7 +32,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from outbox.core.config import Settings
-from outbox.core.record import Record
+from outbox.core.record import FALLBACK_SOURCE_PATH, REPLAYED_BY, Record
 from outbox.sinks.base import Deleted, DeleteOutcome, Held, Outcome
 from outbox.sinks.brainlayer_errors import (
     failure_of,
@@ -93,6 +94,13 @@ def project_of(record: Record) -> str | None:
     return project if isinstance(project, str) and project.strip() else None
 
 
+def provenance_of(record: Record) -> dict[str, str]:
+    """Where a replayed fallback file was and what replayed it (``outbox replay`` puts both
+    in the metadata), under the names BrainLayer's own replay gives them; empty otherwise."""
+    found = {name: record.metadata.get(name) for name in (FALLBACK_SOURCE_PATH, REPLAYED_BY)}
+    return {name: value for name, value in found.items() if isinstance(value, str) and value}
+
+
 @dataclass(frozen=True)
 class _Api:
     """The BrainLayer names the in-process mode uses, imported once."""
@@ -103,6 +111,7 @@ class _Api:
     busy_timeout: Any
     default_db_path: Any
     memory_types: frozenset[str]
+    takes_provenance: bool  # store_memory has fallback_source_path and replayed_by
 
 
 def _import(name: str) -> ModuleType:
@@ -129,6 +138,8 @@ def load_api() -> _Api:
         busy_timeout=vector_store.temporary_write_busy_timeout_ms,
         default_db_path=paths.get_db_path,
         memory_types=frozenset(memory_types.VALID_MEMORY_TYPES),
+        takes_provenance={FALLBACK_SOURCE_PATH, REPLAYED_BY}
+        <= set(inspect.signature(store.store_memory).parameters),
     )
 
 
@@ -208,6 +219,7 @@ class BrainLayerSink:
             raise failure from exc
 
     def _store(self, store: Any, record: Record) -> Outcome:
+        provenance = provenance_of(record) if self._api.takes_provenance else {}
         result: dict[str, Any] = self._api.store_memory(
             store,
             None,
@@ -219,6 +231,7 @@ class BrainLayerSink:
             chunk_id=chunk_id_for(record.key),
             created_at=record.timestamp,
             busy_deadline=time.monotonic() + self.busy_timeout,
+            **provenance,
         )
         return store_outcome(result)
 

@@ -31,6 +31,7 @@ from outbox.sinks.brainlayer import (
     BrainLayerMissing,
     memory_type_of,
     project_of,
+    provenance_of,
 )
 from outbox.sinks.brainlayer_errors import deferred, failure_of, refused, safe_text
 
@@ -111,7 +112,9 @@ class BrainLayerMcpSink:
         ``type`` is checked against the tool's own enum, so a record whose metadata names a
         type the server does not know is stored as a note rather than refused. BrainLayer's
         tool has no timestamp argument; a server whose tool declares ``created_at`` or
-        ``timestamp`` gets the record's canonical timestamp.
+        ``timestamp`` gets the record's canonical timestamp, and one that declares
+        ``fallback_source_path`` and ``replayed_by`` a replayed file's provenance
+        (BrainLayer 1.5.78's ``brain_store`` declares neither: its in-process path takes them).
         """
         type_schema = declared.get("type")
         enum = type_schema.get("enum") if isinstance(type_schema, dict) else None
@@ -123,6 +126,7 @@ class BrainLayerMcpSink:
             "project": project_of(record),
             "created_at": record.timestamp,
             "timestamp": record.timestamp,
+            **provenance_of(record),
         }
         for name, value in optional.items():
             if name in declared and value is not None:

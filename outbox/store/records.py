@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from sqlalchemy import Connection, Engine, func, select, update
@@ -90,6 +91,15 @@ class _PostgresWriter:
                     deliveries.insert(), [one for item in written for one in item.deliveries]
                 )
         return seqs
+
+
+@dataclass(frozen=True)
+class RecordCounts:
+    """What every surface calls "records": the live ones. A forgotten record's tombstone
+    stays in the table (its key is never written again) but is counted on its own."""
+
+    live: int
+    forgotten: int
 
 
 class RecordStore:
@@ -226,7 +236,33 @@ class RecordStore:
             ).all()
         return [str(row[0]) for row in rows]
 
-    def count_records(self) -> int:
-        """How many records the outbox holds."""
+    def counts(self) -> RecordCounts:
+        """Live and forgotten records, in one read so the two always add up."""
+        query = select(func.count(), func.count(records.c.forgotten_at)).select_from(records)
         with self.reader.connect() as conn:
-            return int(conn.execute(select(func.count()).select_from(records)).scalar_one())
+            total, forgotten = conn.execute(query).one()
+        return RecordCounts(live=int(total) - int(forgotten), forgotten=int(forgotten))
+
+    def count_records(self) -> int:
+        """How many live records the outbox holds (forgotten ones are not records any more)."""
+        return self.counts().live
+
+    def newest_seq(self) -> int:
+        """The highest ``seq`` written, live or forgotten (0 for an empty outbox)."""
+        with self.reader.connect() as conn:
+            return int(conn.execute(select(func.max(records.c.seq))).scalar() or 0)
+
+    def rows_after(self, seq: int, limit: int) -> list[StoredRecord]:
+        """Up to ``limit`` rows after ``seq`` in ``seq`` order, tombstones included, so a
+        caller walking the table sees every position; ``StoredRecord.forgotten`` tells them
+        apart."""
+        query = select(records).where(records.c.seq > seq).order_by(records.c.seq).limit(limit)
+        with self.reader.connect() as conn:
+            return [row_to_record(row) for row in conn.execute(query).all()]
+
+    def rows_upto(self, seq: int) -> int:
+        """Rows (live or forgotten) at or below ``seq``: more than a walk counted means one
+        committed late under a lower ``seq``; a forget changes nothing here."""
+        query = select(func.count()).select_from(records).where(records.c.seq <= seq)
+        with self.reader.connect() as conn:
+            return int(conn.execute(query).scalar_one())

@@ -515,6 +515,8 @@ class StorageConformance:
         again = storage.forgetting.forget(delivered_key, SINKS, now=104.0)
         assert again is not None and again.already and again.deletes == []
         assert storage.forgetting.forget("0" * 64, SINKS) is None
+        counts = storage.records.counts()  # forgotten ones are not records any more
+        assert (counts.live, counts.forgotten) == (0, 2) and storage.records.count_records() == 0
         item = storage.records.get_record(delivered_key)
         assert item is not None and item.forgotten and item.forgotten_at == 103.0
         assert (item.record.content, item.record.tags, item.record.metadata) == ("", (), {})

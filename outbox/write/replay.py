@@ -5,9 +5,14 @@ and folders of files an earlier fallback skill left behind (``outbox replay DIR`
 where it is, under its own name, and becomes its record's markdown mirror; nothing is moved or
 deleted, and a file whose record is already in the outbox adds nothing.
 
-The report and the log name a record by its key prefix, never by its file: a file's name
-carries the first words of its memory. A file with no key to go by (it cannot be parsed) is
-named by a short digest of its name.
+The log names a record by its key prefix, never by its file: a file's name carries the first
+words of its memory, and logs travel. A file with no key to go by (it cannot be parsed) is
+named there by a short digest of its name. The report of ``outbox replay`` is read by the
+files' owner in their terminal: it names a skipped file by its path, so they can open it.
+
+A file another tool's fallback wrote (seed 000's ``brain_store`` skill) is imported with its
+provenance in the record's metadata (``fallback_source_path``, ``replayed_by``), which the
+BrainLayer sink hands on to BrainLayer; the key stays the content's and the timestamp's.
 """
 
 from __future__ import annotations
@@ -19,11 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from outbox import __version__
 from outbox.core.errors import ValidationError
 from outbox.core.keys import canonical_timestamp, idempotency_key
 from outbox.core.naming import file_digest, key_prefix
 from outbox.core.record import (
     DEFAULT_IMPORTANCE,
+    FALLBACK_SOURCE_PATH,
+    REPLAYED_BY,
     Record,
     check_content,
     check_importance,
@@ -43,12 +51,15 @@ log = logging.getLogger(__name__)
 
 REPLAY_LIMIT = 100
 BATCH = 100
+# What a replay names itself as in the records it imports (BrainLayer's ``replayed_by``).
+REPLAYER = f"outbox {__version__}"
 
 
 @dataclass
 class ReplayReport:
     """What a replay did. ``imported``, ``already`` and ``skipped`` hold file paths for the
-    caller in this process; ``to_dict`` and ``name_of``, what is printed, never do."""
+    caller in this process. ``name_of`` names a file for a log (never by its name);
+    ``path_of`` and ``to_dict`` are the owner's report, which gives a skipped file's path."""
 
     pending: int = 0
     imported: list[str] = field(default_factory=list)
@@ -58,15 +69,26 @@ class ReplayReport:
     refused: str | None = None
     not_reached: int = 0
     keys: dict[str, str] = field(default_factory=dict)  # file path -> its record's key
+    folder: Path | None = None  # the markdown folder the report's paths are relative to
 
     @property
     def ok(self) -> bool:
         return self.refused is None
 
     def name_of(self, path: str) -> str:
-        """How a file is named in print: its record's key prefix, else its name's digest."""
+        """How a log line names a file: its record's key prefix, else its name's digest."""
         key = self.keys.get(path)
         return f"record {key_prefix(key)}" if key else f"file #{file_digest(path)}"
+
+    def path_of(self, path: str) -> str:
+        """How the report names a file to its owner: relative to the markdown folder when
+        it is in it, else absolute."""
+        where = Path(path).absolute()
+        if self.folder is not None:
+            folder = self.folder.absolute()
+            if where.is_relative_to(folder):
+                return str(where.relative_to(folder))
+        return str(where)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -77,6 +99,7 @@ class ReplayReport:
             "skipped": [
                 {
                     "key": key_prefix(self.keys[path]) if path in self.keys else None,
+                    "path": str(Path(path).absolute()),  # --json paths are absolute
                     "file_digest": file_digest(path),
                     "why": why,
                 }
@@ -108,8 +131,11 @@ def is_pending(matter: dict[str, Any]) -> bool:
     return matter.get("intended_brain_store") is True and empty_chunk
 
 
-def load_pending(path: Path, min_length: int, max_bytes: int) -> PendingFile | None:
-    """The record a pending file describes; None when the file is not pending; Skip if bad."""
+def load_pending(
+    path: Path, min_length: int, max_bytes: int, replayed_by: str | None = None
+) -> PendingFile | None:
+    """The record a pending file describes; None when the file is not pending; Skip if bad.
+    With ``replayed_by``, a file not of our own fallback queue carries its provenance."""
     try:
         matter, body = markdown.read(path)
     except markdown.MalformedMarkdown as exc:
@@ -133,6 +159,14 @@ def load_pending(path: Path, min_length: int, max_bytes: int) -> PendingFile | N
             raw_tags = [tag for tag in raw_tags.split(",") if tag.strip()]
         tags = check_tags(raw_tags)
         metadata = check_metadata(matter.get("metadata"))
+        if replayed_by is not None and matter.get("outbox_fallback") is not True:
+            metadata = check_metadata(
+                {
+                    **metadata,
+                    FALLBACK_SOURCE_PATH: str(path.resolve()),
+                    REPLAYED_BY: replayed_by,
+                }
+            )
     except ValidationError as exc:
         raise Skip(str(exc)) from None
     except (TypeError, ValueError, OverflowError) as exc:  # a timestamp of no known shape
@@ -149,6 +183,73 @@ def load_pending(path: Path, min_length: int, max_bytes: int) -> PendingFile | N
         slug=slug[:128],
     )
     return PendingFile(path, record, matter)
+
+
+def _load(
+    paths: Iterable[Path], settings: Settings, report: ReplayReport, replayed_by: str | None
+) -> list[PendingFile]:
+    """The pending files among ``paths``; a bad one goes to the report's skipped."""
+    found: list[PendingFile] = []
+    for path in paths:
+        try:
+            pending = load_pending(
+                path, settings.min_content_length, settings.max_content_bytes, replayed_by
+            )
+        except Skip as exc:
+            report.skipped.append((str(path), str(exc)))
+            continue
+        if pending is None:
+            continue
+        key = pending.record.key
+        report.keys[str(path)] = key
+        for name in ("importance", "tags"):
+            if name not in pending.matter:
+                report.warnings.append(
+                    f"record {key_prefix(key)}: no {name} in front matter; imported default"
+                )
+        found.append(pending)
+    return found
+
+
+def _scan(folder: Path, settings: Settings, report: ReplayReport) -> list[PendingFile] | None:
+    """Every pending file of ``folder`` (no store needed); None, refused, when it is not a
+    folder."""
+    if not folder.is_dir():
+        report.refused = f"{folder} is not a folder"
+        return None
+    paths = sorted(
+        Path(entry.path)
+        for entry in os.scandir(folder)
+        if entry.name.endswith(".md") and not entry.name.startswith(".") and entry.is_file()
+    )
+    return _load(paths, settings, report, REPLAYER)
+
+
+def _within_budget(
+    files: list[PendingFile], budget: int | None, report: ReplayReport
+) -> list[PendingFile] | None:
+    """The files this run imports; None, refused, above 100 without a budget."""
+    report.pending = len(files)
+    if budget is None and len(files) > REPLAY_LIMIT:
+        report.refused = (
+            f"{len(files)} pending files is more than {REPLAY_LIMIT}; "
+            "pass --budget N to import N of them"
+        )
+        return None
+    if budget is not None and len(files) > budget:
+        report.not_reached = len(files) - budget
+        return files[:budget]
+    return files
+
+
+def survey(folder: Path, settings: Settings, budget: int | None = None) -> ReplayReport:
+    """What ``outbox replay`` would import from ``folder`` where there is no store yet, found
+    without making one: a refusal or nothing to import then leaves no trace."""
+    report = ReplayReport(folder=settings.markdown_dir)
+    files = _scan(folder, settings, report)
+    if files is not None:
+        _within_budget(files, budget, report)
+    return report
 
 
 class Replayer:
@@ -176,29 +277,6 @@ class Replayer:
         folder = self.settings.markdown_dir.resolve()
         resolved = path.resolve()
         return resolved.name if resolved.parent == folder else str(resolved)
-
-    def _load(self, paths: Iterable[Path], report: ReplayReport) -> list[PendingFile]:
-        settings = self.settings
-        found: list[PendingFile] = []
-        for path in paths:
-            try:
-                pending = load_pending(
-                    path, settings.min_content_length, settings.max_content_bytes
-                )
-            except Skip as exc:
-                report.skipped.append((str(path), str(exc)))
-                continue
-            if pending is None:
-                continue
-            key = pending.record.key
-            report.keys[str(path)] = key
-            for name in ("importance", "tags"):
-                if name not in pending.matter:
-                    report.warnings.append(
-                        f"record {key_prefix(key)}: no {name} in front matter; imported default"
-                    )
-            found.append(pending)
-        return found
 
     def _not_yet_imported(
         self, files: list[PendingFile], report: ReplayReport
@@ -301,26 +379,13 @@ class Replayer:
         progress: Callable[[int, int], None] | None = None,
     ) -> ReplayReport:
         """``outbox replay DIR``: refuse above 100 pending files without a budget."""
-        report = ReplayReport()
-        if not folder.is_dir():
-            report.refused = f"{folder} is not a folder"
+        report = ReplayReport(folder=self.settings.markdown_dir)
+        found = _scan(folder, self.settings, report)
+        if found is None:
             return report
-        paths = sorted(
-            Path(entry.path)
-            for entry in os.scandir(folder)
-            if entry.name.endswith(".md") and not entry.name.startswith(".") and entry.is_file()
-        )
-        files = self._not_yet_imported(self._load(paths, report), report)
-        report.pending = len(files)
-        if budget is None and len(files) > REPLAY_LIMIT:
-            report.refused = (
-                f"{len(files)} pending files is more than {REPLAY_LIMIT}; "
-                "pass --budget N to import N of them"
-            )
+        files = _within_budget(self._not_yet_imported(found, report), budget, report)
+        if files is None:
             return report
-        if budget is not None and len(files) > budget:
-            report.not_reached = len(files) - budget
-            files = files[:budget]
         self.import_files(files, report, progress)
         if report.imported:
             self.on_import()
@@ -331,7 +396,7 @@ class Replayer:
         report = ReplayReport()
         with self.fallback.claim_index() as paths:
             existing = [path for path in paths if path.exists()]
-            files = self._load(existing, report)
+            files = _load(existing, self.settings, report, None)
             report.pending = len(files)
             self.import_files(files, report)
         for path, why in report.skipped:

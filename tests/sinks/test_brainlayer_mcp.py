@@ -231,3 +231,26 @@ def test_brain_store_deliveries_need_a_chunk_id() -> None:
 def test_json_rpc_errors_keep_their_classes(exc: Exception, expected: tuple[str, bool]) -> None:
     failure = classify(failure_of(exc))
     assert (failure.reason, failure.transient) == expected
+
+
+def test_a_replayed_files_provenance_goes_only_where_brain_store_declares_it(
+    tmp_path: Path, bl: BrainLayerEnv
+) -> None:
+    """BrainLayer 1.5.78's ``brain_store`` has no argument for a replayed file's provenance
+    (only its in-process ``store_memory`` does): over MCP the record is stored without it,
+    never refused for an argument the tool does not name. A server whose tool declares
+    ``fallback_source_path`` and ``replayed_by`` gets both."""
+    provenance = {"fallback_source_path": "/home/o/decisions/x.md", "replayed_by": "outbox 9"}
+    settings = bl_settings(tmp_path, bl, brainlayer_mcp=harness_command())
+    with Outbox.open(settings) as ob:
+        record = ob.prepare(TEXTS[3], metadata=provenance)
+    sink = load_sink("brainlayer", settings)
+    try:
+        (outcome,) = sink.deliver([record])
+        assert isinstance(sink, BrainLayerMcpSink)
+        declared = {"content": {}, "fallback_source_path": {}, "replayed_by": {}}
+        assert sink.arguments(record, declared) == {"content": TEXTS[3], **provenance}
+    finally:
+        sink.close()
+    assert isinstance(outcome, Delivered), outcome
+    assert bl.rows_holding(TEXTS[3]) == 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import sqlite3
 import sys
 import time
@@ -23,6 +24,7 @@ import yaml
 from brainlayer.runtime_store import SchemaFingerprintMismatch
 from brainlayer.vector_store import WriterInUseError
 
+import outbox
 from outbox import Outbox
 from outbox.core.record import Record, build_record
 from outbox.dispatch.classify import classify
@@ -32,6 +34,8 @@ from outbox.sinks.brainlayer_errors import failure_of
 from outbox.sinks.registry import load_sink
 from outbox.testing.conformance import TEXTS, SinkConformance, SinkHarness, make_due
 from tests.brainlayer_env import BrainLayerEnv, hold_write_lock, hold_writer, setup_brainlayer
+from tests.helpers.checks import contract_key
+from tests.helpers.subproc import child_env, run_cli
 from tests.sinks.brainlayer_support import CANONICAL_TS, POISON, TS, bl_settings, row_of
 
 
@@ -294,3 +298,41 @@ def test_an_error_quoting_the_memory_is_classified_without_quoting_it() -> None:
     assert record.content not in failure.message
     odd = RuntimeError(f"odd failure for {record.content!r}")
     assert record.content not in str(failure_of(odd, record))
+
+
+SEED_FILE = "2026-03-14-quoted-timestamp.md"  # a seed-000 fallback file, pending
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "legacy"
+
+
+def test_a_replayed_seed_000_file_reaches_brainlayer_with_its_provenance(
+    tmp_path: Path, bl: BrainLayerEnv
+) -> None:
+    """``outbox replay`` (the real command) imports a seed-000 file; the drain hands
+    BrainLayer's ``store_memory`` the file's absolute path and ``outbox <version>``, as
+    BrainLayer's own replay does, and BrainLayer keeps both on the chunk. The key is still
+    the content's and the timestamp's."""
+    settings = bl_settings(tmp_path, bl)
+    settings.markdown_dir.mkdir(mode=0o700)
+    source = settings.markdown_dir / SEED_FILE
+    shutil.copyfile(FIXTURES / SEED_FILE, source)
+    env = child_env(
+        settings.home,
+        markdown_dir=str(settings.markdown_dir),
+        sinks="brainlayer",
+        brainlayer_db=str(bl.db),
+    )
+    done = run_cli(["replay", "--json"], cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    (prefix,) = json.loads(done.stdout)["imported"]
+    body = source.read_bytes().split(b"---\n", 2)[2].decode("utf-8")
+    key = contract_key(body, "2026-03-14T09:15:00.000000Z")
+    assert key.startswith(prefix)
+    with Outbox.open(settings) as ob:
+        assert ob.drain(timeout=60).ok
+        assert row_of(ob, key).sink_id == chunk_id_for(key)
+    ((stored,),) = bl.query("SELECT metadata FROM chunks WHERE id = ?", (chunk_id_for(key),))
+    metadata = json.loads(stored)
+    assert metadata["fallback_source_path"] == str(source.resolve())
+    assert metadata["replayed_by"] == f"outbox {outbox.__version__}"
+    matter, _body = markdown.read(source)
+    assert (matter["chunk_id"], matter["reason"]) == (chunk_id_for(key), "db_busy")

@@ -91,7 +91,7 @@ def open_outbox(*, repair: bool = True, create: bool = False) -> Outbox:
             f"no outbox store at {settings.home} (looked in {Path.cwd()} and above it; "
             "set OUTBOX_HOME, or write a first memory with outbox add)"
         )
-    return Outbox.open(settings, repair=repair)
+    return Outbox.open(settings, repair=repair, create=create)
 
 
 # The daemon says when it starts and stops (and warns) unless told to be quiet; the other

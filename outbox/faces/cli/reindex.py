@@ -43,9 +43,10 @@ def _text(report: ReindexReport) -> str:
     if report.status == "interrupted":
         return f"interrupted after {report.records} records; run `outbox reindex` again to resume"
     previous = f", {report.previous!r} dropped" if report.previous else ""
+    forgotten = f", {report.forgotten} forgotten left out" if report.forgotten else ""
     return (
         f"done: {report.records} records in {report.collection!r} "
-        f"({report.embedded} embedded by this run, {report.seconds:.1f}s){previous}"
+        f"({report.embedded} embedded by this run{forgotten}, {report.seconds:.1f}s){previous}"
     )
 
 

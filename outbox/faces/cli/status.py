@@ -15,7 +15,8 @@ def status_text(status: dict[str, Any], now: float | None = None) -> str:
     """``Outbox.status()`` as a table sized to its longest sink name, one line per sink that is
     failing right now (with the error), and the dispatchers: alive, gone or stopped."""
     now = time.time() if now is None else now
-    lines = [f"records: {status['records']}"]
+    forgotten = status.get("forgotten", 0)
+    lines = [f"records: {status['records']}" + (f" (forgotten: {forgotten})" if forgotten else "")]
     missing = status.get("missing")
     if missing:
         waiting = missing["fallback_waiting"]

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from outbox.core.config import Settings
     from outbox.core.errors import DatabaseLacksRecords
     from outbox.core.receipt import Receipt
+    from outbox.write.replay import ReplayReport
 
 
 def _read_content(text: str | None) -> str:
@@ -117,17 +118,34 @@ def _repair_skipped(exc: Exception) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from outbox.core.config import load_settings
+
+    settings = load_settings()
+    folder = Path(args.dir) if args.dir else settings.markdown_dir
+    if not settings.home.is_dir():
+        # No store yet: only files to import make one; a refusal or nothing to do leaves
+        # no trace.
+        from outbox.write.replay import survey
+
+        report = survey(folder, settings, args.budget)
+        if report.refused or not report.pending:
+            return _replay_report(args, report)
     with open_outbox(create=True) as ob:
-        folder = Path(args.dir) if args.dir else ob.markdown_dir
         bar = None if args.json else _ReplayBar()
         report = ob.replay(folder, budget=args.budget, progress=bar)
         if bar:
             bar.line.finish()
+    return _replay_report(args, report)
+
+
+def _replay_report(args: argparse.Namespace, report: ReplayReport) -> int:
+    """The owner's report: counts, then each skipped file by its path (they run replay in
+    their own terminal, over their own files), warnings by key prefix."""
     lines = [
         f"{len(report.imported)} imported, {len(report.already)} already in the outbox, "
         f"{len(report.skipped)} skipped, {report.not_reached} left for a later run"
     ]
-    lines += [f"skipped {report.name_of(path)}: {why}" for path, why in report.skipped]
+    lines += [f"skipped {report.path_of(path)}: {why}" for path, why in report.skipped]
     lines += [f"warning: {text}" for text in report.warnings]
     if report.refused:
         lines = [f"refused: {report.refused}; nothing imported"]

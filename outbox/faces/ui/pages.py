@@ -85,6 +85,7 @@ def overview(ob: Outbox, now: float | None = None) -> dict[str, Any]:
     ]
     return {
         "records": status["records"],
+        "forgotten": status["forgotten"],
         "dead_letters": status["dead_letters"],
         "database": status["database"],
         "jsonl_path": status["jsonl_path"],
