@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,13 +35,29 @@ def _env(settings: Settings, tmp_path: Path) -> dict[str, str]:
     return env
 
 
+_started: list[subprocess.Popen[bytes]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_dispatcher_outlives_its_test() -> Iterator[None]:
+    """A failed assertion must not leave an ``outbox run`` draining on (one did, for an hour)."""
+    yield
+    while _started:
+        process = _started.pop()
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+
+
 def _dispatcher(env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
+    process = subprocess.Popen(
         [sys.executable, "-m", "outbox", "run"],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
+    _started.append(process)
+    return process
 
 
 def test_two_dispatchers_and_a_sigkill_lose_and_double_nothing(
