@@ -240,10 +240,16 @@ def test_brain_store_type_reaches_brainlayer(
 
 def _raw_session(tmp_path: Path, lines: list[bytes]) -> list[dict[str, Any]]:
     """Speak JSON-RPC to ``outbox mcp`` byte for byte (what an SDK client would never send,
-    such as the number 1e400), and read one answer per request sent."""
+    such as the number 1e400), and read one answer per request sent.
+
+    The answers are read by a thread into a queue, never by ``select`` on the pipe followed
+    by a buffered ``readline``: that readline took every answer already in the pipe into its
+    buffer, where ``select`` cannot see them, so on a busy machine (answers arriving together)
+    the test waited out its deadline for answers it already held."""
     import json
-    import select
+    import queue
     import subprocess
+    import threading
     import time
 
     params = _params(tmp_path)
@@ -268,19 +274,32 @@ def _raw_session(tmp_path: Path, lines: list[bytes]) -> list[dict[str, Any]]:
         cwd=params.cwd,
     )
     assert proc.stdin is not None and proc.stdout is not None
+    stdout = proc.stdout
+    received: queue.Queue[bytes] = queue.Queue()
+
+    def read_answers() -> None:
+        for line in stdout:
+            received.put(line)
+        received.put(b"")  # the server closed its stdout
+
+    reader = threading.Thread(target=read_answers, daemon=True)
+    reader.start()
     proc.stdin.write(b"\n".join(sent) + b"\n")
     proc.stdin.flush()
     answers: list[dict[str, Any]] = []
     deadline = time.monotonic() + 30  # a line left unanswered must fail, not hang, the test
     while len(answers) < len(lines) + 1:  # the initialize answer, then one per request
-        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
-        line = proc.stdout.readline() if ready else b""
+        try:
+            line = received.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            line = b""
         if not line:
             proc.kill()
             break
         answers.append(json.loads(line))
     proc.stdin.close()
     proc.wait(timeout=60)
+    reader.join(timeout=60)
     assert proc.stderr is not None
     errors = proc.stderr.read()
     assert b"Traceback" not in errors, errors.decode()[-2000:]
