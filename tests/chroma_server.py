@@ -191,12 +191,22 @@ def stop_shared_server(folder: Path, timeout: float = 30.0) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def processes_under(root: Path) -> dict[int, list[str]]:
+    """The Chroma processes (supervisor, ``chroma run``, embedded child) whose arguments name
+    a path below ``root``: the ones a test of that folder started."""
+    prefix = str(Path(root).resolve()) + os.sep
+    return {
+        pid: args
+        for pid, args in _chroma_processes().items()
+        if any(arg.startswith(prefix) for arg in args)
+    }
+
+
 def stop_servers_under(root: Path) -> None:
     """End every shared server whose store lies below ``root`` (a test's own folder), so no
     test leaves one running until its idle stop."""
     prefix = str(Path(root).resolve()) + os.sep
-    folders = {
-        arg for args in _chroma_processes().values() for arg in args if arg.startswith(prefix)
-    }
+    folders = {arg for args in processes_under(root).values() for arg in args}
     for folder in folders:
-        stop_shared_server(Path(folder))
+        if folder.startswith(prefix):
+            stop_shared_server(Path(folder))

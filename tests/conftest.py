@@ -27,6 +27,23 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     stop_servers_under(tmp_path)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_chroma_outlives_the_suite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """At the end of the run, no Chroma process of this run's folders is left: a shared
+    server, a ``chroma run`` or an embedded child still running then was left by a test (a
+    supervisor would outlive the suite until its idle stop). It is stopped, and the run
+    fails naming it."""
+    yield
+    from tests.chroma_server import processes_under, stop_servers_under
+
+    root = tmp_path_factory.getbasetemp()
+    left = processes_under(root)
+    if left:
+        stop_servers_under(root)
+        named = "\n".join(f"  {pid}: {' '.join(args)}" for pid, args in sorted(left.items()))
+        pytest.fail(f"Chroma processes left running by tests (now stopped):\n{named}")
+
+
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     """Settings rooted in the test's folder, delivering to the fault-injection sink."""

@@ -42,6 +42,9 @@ def _wait_for(predicate: object, timeout: float = 30.0) -> bool:
 
 
 def test_a_hung_sink_does_not_delay_another(settings: Settings, tmp_path: Path) -> None:
+    """A's 40 records are delivered and settled while B's first batch hangs (50 s, longer
+    than the test waits). The test waits on the outbox's own counts: the sink holds a batch
+    before the dispatcher settles it, and B's worker may claim after A has finished."""
     settings = replace(settings, sinks=(A, B), sink_timeout=60.0, poll_interval=0.05)
     healthy = FaultySink(tmp_path / "a.db", A, fail_rate=0, hang=0)
     hung = FaultySink(tmp_path / "b.db", B, fail_rate=0, hang=50)
@@ -50,13 +53,16 @@ def test_a_hung_sink_does_not_delay_another(settings: Settings, tmp_path: Path) 
         dispatcher = ob.dispatcher(sink_objects={A: healthy, B: hung}, batch_size=10)
         runner = threading.Thread(target=dispatcher.run, daemon=True)
         runner.start()
-        try:
-            assert _wait_for(lambda: len(healthy.stored()) == 40), "healthy sink starved"
+
+        def settled() -> bool:
             counts = ob.storage.deliveries.counts()
-            assert counts[A]["delivered"] == 40
+            return counts[A]["delivered"] == 40 and counts[B]["leased"] == 10
+
+        try:
+            assert _wait_for(settled), f"healthy sink starved: {ob.storage.deliveries.counts()}"
+            assert len(healthy.stored()) == 40
             # B's first batch is still inside its hung call, leased, not delivered.
-            assert counts[B]["delivered"] == 0
-            assert counts[B]["leased"] == 10
+            assert ob.storage.deliveries.counts()[B]["delivered"] == 0
         finally:
             dispatcher.stop_event.set()
             hung.release()

@@ -10,11 +10,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from outbox import Outbox, load_settings
+from outbox.core.errors import ValidationError
+from outbox.faces.mcp_server import TOOLS, ArgumentCheck
 from tests.brainlayer_env import brainlayer_environ, setup_brainlayer
 
 SINK = "outbox.testing.sinks:FaultySink"
@@ -240,10 +245,16 @@ def test_brain_store_type_reaches_brainlayer(
 
 def _raw_session(tmp_path: Path, lines: list[bytes]) -> list[dict[str, Any]]:
     """Speak JSON-RPC to ``outbox mcp`` byte for byte (what an SDK client would never send,
-    such as the number 1e400), and read one answer per request sent."""
+    such as the number 1e400), and read one answer per request sent.
+
+    The answers are read by a thread into a queue, never by ``select`` on the pipe followed
+    by a buffered ``readline``: that readline took every answer already in the pipe into its
+    buffer, where ``select`` cannot see them, so on a busy machine (answers arriving together)
+    the test waited out its deadline for answers it already held."""
     import json
-    import select
+    import queue
     import subprocess
+    import threading
     import time
 
     params = _params(tmp_path)
@@ -268,19 +279,32 @@ def _raw_session(tmp_path: Path, lines: list[bytes]) -> list[dict[str, Any]]:
         cwd=params.cwd,
     )
     assert proc.stdin is not None and proc.stdout is not None
+    stdout = proc.stdout
+    received: queue.Queue[bytes] = queue.Queue()
+
+    def read_answers() -> None:
+        for line in stdout:
+            received.put(line)
+        received.put(b"")  # the server closed its stdout
+
+    reader = threading.Thread(target=read_answers, daemon=True)
+    reader.start()
     proc.stdin.write(b"\n".join(sent) + b"\n")
     proc.stdin.flush()
     answers: list[dict[str, Any]] = []
     deadline = time.monotonic() + 30  # a line left unanswered must fail, not hang, the test
     while len(answers) < len(lines) + 1:  # the initialize answer, then one per request
-        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
-        line = proc.stdout.readline() if ready else b""
+        try:
+            line = received.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            line = b""
         if not line:
             proc.kill()
             break
         answers.append(json.loads(line))
     proc.stdin.close()
     proc.wait(timeout=60)
+    reader.join(timeout=60)
     assert proc.stderr is not None
     errors = proc.stderr.read()
     assert b"Traceback" not in errors, errors.decode()[-2000:]
@@ -333,3 +357,175 @@ def test_a_line_that_is_no_request_gets_an_answer(tmp_path: Path) -> None:
     assert (invalid["error"]["code"], invalid["id"]) == (-32600, 7)
     (good,) = (a for a in answers if a.get("id") == 8)
     assert good["result"].get("isError") is not True
+
+
+TURN = {"prompt": "Which port?", "thought": "The runbook says.", "response": "Port 18765."}
+# For every tool: an argument its schema does not name, and a value outside its schema;
+# each a tool error naming the argument (the third item), with nothing written.
+BAD_CALLS: list[tuple[str, dict[str, Any], str]] = [
+    ("add_memory", {**TURN, "session_id": "s1"}, "session_id"),
+    ("add_memory", {**TURN, "sessionId": 7}, "sessionId"),
+    ("add_memory", {"prompt": "p", "thought": "t"}, "response"),
+    ("query_recent_turns", {"session_id": "s1"}, "session_id"),
+    ("query_recent_turns", {"limit": 101}, "limit"),
+    ("query_recent_turns", {"before": {"timestamp": "2030-01-01", "key": "ab"}}, "before.key"),
+    ("query_raw_memories", {"query": "port", "session": "s1"}, "session"),
+    ("query_raw_memories", {"query": "port", "minRelevance": 1.5}, "minRelevance"),
+    ("brain_store", {"content": "Decision: keep WAL.", "timestamp": "2030-01-01"}, "timestamp"),
+    ("brain_store", {"content": "Decision: keep WAL.", "importance": 11}, "importance"),
+    ("brain_store", {"content": "Decision: keep WAL.", "outcome": "maybe"}, "outcome"),
+    ("forget_memory", {"id": "<key>", "force": True}, "force"),
+    ("forget_memory", {"id": 7}, "id"),
+    ("outbox_status", {"verbose": True}, "verbose"),
+]
+
+
+BRAINLAYER_STORE = {
+    "content": "Decision: the outbox keeps WAL with synchronous FULL.",
+    "type": "decision",
+    "confidence_score": 0.9,
+    "outcome": "pending",
+    "files_changed": ["outbox/store/sqlite.py"],
+    "agent_id": "@me",
+}
+
+
+def _closed(schema: Mapping[str, Any]) -> bool:
+    """Every object in the schema, nested ones too, refuses arguments it does not name."""
+    if schema.get("type") == "array":
+        return _closed(schema["items"])
+    if schema.get("type") != "object":
+        return True
+    return schema.get("additionalProperties") is False and all(
+        _closed(spec) for spec in schema["properties"].values()
+    )
+
+
+async def _bad_calls(tmp_path: Path) -> dict[str, Any]:
+    async with (
+        stdio_client(_params(tmp_path)) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await asyncio.wait_for(session.initialize(), 30)
+        tools = (await session.list_tools()).tools
+        kept = await session.call_tool("add_memory", TURN)
+        key = kept.structured_content["id"]
+        stored = await session.call_tool("brain_store", BRAINLAYER_STORE)
+        assert not stored.is_error, stored.content
+        answers = []
+        for tool, args, _name in BAD_CALLS:
+            if args.get("id") == "<key>":
+                args = {**args, "id": key}
+            answers.append(await session.call_tool(tool, args))
+        recent = await session.call_tool("query_recent_turns", {"limit": 3.0, "sessionId": "s1"})
+        stored_key = stored.structured_content["key"]
+        return {"tools": tools, "keys": [key, stored_key], "answers": answers, "recent": recent}
+
+
+def test_every_tool_refuses_what_its_schema_does_not_hold(tmp_path: Path) -> None:
+    """An unknown argument (``session_id`` for ``sessionId``) stored a turn under a random
+    session and widened a query to every session; now, for every tool, it and any value
+    outside the schema are a tool error naming the argument, and nothing is written."""
+    out = asyncio.run(_bad_calls(tmp_path))
+    assert {tool.name for tool in out["tools"]} == {tool for tool, _, _ in BAD_CALLS}
+    for tool in out["tools"]:
+        assert _closed(tool.input_schema), tool.name
+    for (tool, args, name), answer in zip(BAD_CALLS, out["answers"], strict=True):
+        assert answer.is_error, (tool, args)
+        (text,) = [block.text for block in answer.content]
+        assert text.startswith(f"invalid {name}: "), (tool, text)
+        assert "\n" not in text and "WAL" not in text and "18765" not in text
+    # The server goes on; an integer sent as 3.0 is the integer 3; no turn is in session s1.
+    assert not out["recent"].is_error
+    assert out["recent"].structured_content["turns"] == []
+
+    settings = load_settings(
+        env={}, home=tmp_path / ".outbox", markdown_dir=tmp_path / "md", sinks=SINK
+    )
+    turn_key, stored_key = out["keys"]
+    with Outbox.open(settings) as ob:
+        assert sorted(row.key for row in ob.recent_memories(10)) == sorted(out["keys"])
+        assert ob.get_records([turn_key])[turn_key].record.metadata["session_id"] != "s1"
+        # BrainLayer's own fields are taken as its schema takes them, and kept.
+        meta = ob.get_records([stored_key])[stored_key].record.metadata
+    assert meta["agent"] == "@me" and meta["type"] == "decision"
+    assert meta["brainlayer"] == {
+        name: BRAINLAYER_STORE[name] for name in ("confidence_score", "outcome", "files_changed")
+    }
+    assert len(list((tmp_path / "md").rglob("*.md"))) == 2
+
+
+def _valid(schema: Mapping[str, Any]) -> st.SearchStrategy[Any]:
+    """Values the schema holds; a keyword this does not know fails the test, so a schema
+    cannot grow past what the property below covers."""
+    if "enum" in schema:
+        return st.sampled_from(schema["enum"])
+    kind = schema["type"]
+    if kind == "string":
+        return st.text(max_size=12)
+    if kind == "integer":
+        return st.integers(schema.get("minimum", -(10**9)), schema.get("maximum", 10**9))
+    if kind == "number":
+        low, high = schema.get("minimum", -1e9), schema.get("maximum", 1e9)
+        return st.floats(low, high, allow_nan=False, allow_infinity=False)
+    if kind == "array":
+        return st.lists(_valid(schema["items"]), max_size=3)
+    if kind == "object":
+        required = set(schema.get("required", []))
+        properties = schema["properties"]
+        return st.fixed_dictionaries(
+            {name: _valid(properties[name]) for name in required},
+            optional={n: _valid(s) for n, s in properties.items() if n not in required},
+        )
+    raise AssertionError(f"no strategy for {schema}")
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@given(data=st.data(), tool=st.sampled_from(TOOLS))
+def test_any_extra_argument_is_refused_by_name(data: st.DataObject, tool: Any) -> None:
+    """Whatever valid arguments a tool is given, one more key its schema does not name makes
+    the call an error naming that key; without it the same arguments pass."""
+    check = ArgumentCheck(TOOLS)
+    args = data.draw(_valid(tool.input_schema), label="arguments")
+    check(tool.name, args)
+    known = tool.input_schema["properties"]
+    extra = data.draw(st.text(min_size=1, max_size=12).filter(lambda k: k not in known))
+    value = data.draw(st.none() | st.integers() | st.text(max_size=5), label="value")
+    with pytest.raises(ValidationError) as refused:
+        check(tool.name, {**args, extra: value})
+    assert refused.value.field == extra
+
+
+def test_brain_store_takes_whatever_brainlayer_takes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Closing ``brain_store``'s schema refuses no call BrainLayer's own schema accepts:
+    every argument it names is ours too, and any value it holds, ours holds."""
+    setup_brainlayer(tmp_path / "bl", monkeypatch, bootstrap=False)
+    from brainlayer import mcp as brainlayer_mcp
+
+    (theirs,) = [
+        tool.input_schema
+        for tool in asyncio.run(brainlayer_mcp.list_tools())
+        if tool.name == "brain_store"
+    ]
+    (ours,) = [tool.input_schema for tool in TOOLS if tool.name == "brain_store"]
+    assert set(theirs["properties"]) <= set(ours["properties"])
+    check = ArgumentCheck(TOOLS)
+
+    @hypothesis.settings(max_examples=200, deadline=None)
+    @given(args=_valid(theirs))
+    def accepted(args: dict[str, Any]) -> None:
+        check("brain_store", args)
+
+    accepted()
+
+
+def test_add_loads_no_schema_validator(tmp_path: Path) -> None:
+    """The validator is the MCP server's: ``outbox add`` starts without it."""
+    from tests.helpers.subproc import child_env
+    from tests.test_startup import loaded_by, under
+
+    modules = loaded_by(["add", "a memory saved from the shell"], tmp_path, child_env(tmp_path))
+    assert "outbox.write.writer" in modules
+    assert under(modules, "jsonschema", "outbox.faces.mcp_server") == []

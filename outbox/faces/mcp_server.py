@@ -1,9 +1,11 @@
 """``outbox mcp``: memory-core's tools for any MCP client, over stdio.
 
 Tool arguments keep neo.mjs's names (``prompt``, ``sessionId``, ``nResults``…) and
-``brain_store`` takes BrainLayer's input schema, so agents switch without edits. An accepted
-write never comes back as an error envelope; invalid input is a tool error with one line.
-Calls run in worker threads so a slow database never stalls the protocol loop.
+``brain_store`` takes BrainLayer's input schema, so agents switch without edits. Each tool's
+input schema is the only check of its arguments: a JSON Schema validator built from it
+refuses an unknown argument or a value outside it, as a tool error naming the argument, so a
+tool cannot accept what its schema does not say. An accepted write never comes back as an
+error envelope. Calls run in worker threads so a slow database never stalls the protocol loop.
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ import json
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
 import mcp_types as types
 import pydantic
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import ValidationError as SchemaViolation
 from mcp.server.lowlevel.server import Server
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
@@ -31,7 +35,23 @@ from outbox.memory_core import MemoryService
 log = logging.getLogger(__name__)
 
 _STRING = {"type": "string"}
+_TEXTS = {"type": "array", "items": _STRING}
 _READ_ONLY = types.ToolAnnotations(read_only_hint=True)
+# BrainLayer's brain_store arguments that only BrainLayer gives a meaning to: accepted as its
+# schema accepts them and kept with the record (metadata ``brainlayer``), never dropped.
+_BRAINLAYER_ONLY: dict[str, dict[str, Any]] = {
+    "confidence_score": {"type": "number", "minimum": 0, "maximum": 1},
+    "outcome": {"type": "string", "enum": ["pending", "validated", "reversed"]},
+    "reversibility": {"type": "string", "enum": ["easy", "hard", "destructive"]},
+    "files_changed": _TEXTS,
+    "entity_id": _STRING,
+    "status": {"type": "string", "enum": ["open", "in_progress", "done", "archived"]},
+    "severity": {"type": "string", "enum": ["critical", "high", "medium", "low"]},
+    "file_path": _STRING,
+    "function_name": _STRING,
+    "line_number": {"type": "integer"},
+    "supersedes": _STRING,
+}
 
 TOOLS: list[types.Tool] = [
     types.Tool(
@@ -51,6 +71,7 @@ TOOLS: list[types.Tool] = [
                 "model": _STRING,
             },
             "required": ["prompt", "thought", "response"],
+            "additionalProperties": False,
         },
     ),
     types.Tool(
@@ -66,8 +87,10 @@ TOOLS: list[types.Tool] = [
                     "type": "object",
                     "properties": {"timestamp": _STRING, "id": _STRING},
                     "required": ["timestamp"],
+                    "additionalProperties": False,
                 },
             },
+            "additionalProperties": False,
         },
         annotations=_READ_ONLY,
     ),
@@ -84,7 +107,7 @@ TOOLS: list[types.Tool] = [
                 "nResults": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
                 "sessionId": _STRING,
                 "agent": _STRING,
-                "tags": {"type": "array", "items": _STRING, "description": "all of these"},
+                "tags": {**_TEXTS, "description": "all of these"},
                 "minImportance": {"type": "integer", "minimum": 1, "maximum": 10},
                 "since": {"type": "string", "description": "ISO 8601, inclusive"},
                 "until": {"type": "string", "description": "ISO 8601, exclusive"},
@@ -105,13 +128,16 @@ TOOLS: list[types.Tool] = [
             "type": "object",
             "properties": {
                 "content": _STRING,
-                "tags": {"type": "array", "items": _STRING},
-                "importance": {"type": "integer", "minimum": 1, "maximum": 10},
+                "tags": _TEXTS,
+                "importance": {"type": "integer", "minimum": 1, "maximum": 10, "default": 5},
                 "project": _STRING,
                 "type": {"type": "string", "description": "BrainLayer's memory type"},
                 "memory_type": {"type": "string", "description": "the same as type"},
+                "agent_id": {"type": "string", "description": "the agent (recall's agent filter)"},
+                **_BRAINLAYER_ONLY,
             },
             "required": ["content"],
+            "additionalProperties": False,
         },
     ),
     types.Tool(
@@ -126,37 +152,103 @@ TOOLS: list[types.Tool] = [
                 "id": {"type": "string", "description": "the memory's key or a unique prefix"}
             },
             "required": ["id"],
+            "additionalProperties": False,
         },
         annotations=types.ToolAnnotations(destructive_hint=True, idempotent_hint=True),
     ),
     types.Tool(
         name="outbox_status",
         description="Counts per sink and state, oldest pending age, dead letters.",
-        input_schema={"type": "object", "properties": {}},
+        input_schema={"type": "object", "properties": {}, "additionalProperties": False},
         annotations=_READ_ONLY,
     ),
 ]
 
 
-def _known_only(tool: str, args: dict[str, Any]) -> None:
-    """An argument the tool's schema does not name is an error naming it, not a no-op: a
-    misspelt filter would otherwise widen the search silently."""
-    schema = next(item.input_schema for item in TOOLS if item.name == tool)
-    unknown = sorted(set(args) - set(schema["properties"]))
-    if unknown:
-        raise ValidationError(unknown[0], f"is not an argument of {tool}")
+def _finite_number(_checker: Any, instance: object) -> bool:
+    """JSON Schema's ``number``, less the infinities and NaN a JSON parser may hand over
+    (``1e400``): no range can hold them, so they are refused as the wrong kind of value."""
+    return (
+        isinstance(instance, int | float)
+        and not isinstance(instance, bool)
+        and math.isfinite(instance)
+    )
 
 
-def _number(args: dict[str, Any], name: str, default: int, low: int, high: int) -> int:
-    """A whole-number argument within its schema's bounds; anything else (text, 1.5, 1e400,
-    true) is a tool error naming the argument, never a crash."""
-    value = args.get(name)
-    if value is None:
-        return default
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not (number and math.isfinite(value) and value == int(value) and low <= value <= high):
-        raise ValidationError(name, f"must be a whole number from {low} to {high}")
-    return int(value)
+_Validator = validators.extend(
+    Draft202012Validator,
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine("number", _finite_number),
+)
+_KINDS = {
+    "string": "text",
+    "integer": "a whole number",
+    "number": "a number",
+    "boolean": "true or false",
+    "array": "a list",
+    "object": "an object",
+}
+# The order in which a call's problems are told: a misspelt name explains the rest.
+_FIRST = {"additionalProperties": 0, "required": 1, "type": 2}
+
+
+def _argument(path: Any) -> str:
+    """``before.timestamp``, ``tags[2]``: where in the arguments a problem sits."""
+    name = ""
+    for part in path:
+        name += f"[{part}]" if isinstance(part, int) else f"{'.' if name else ''}{part}"
+    return name
+
+
+def _told(tool: str, violation: SchemaViolation) -> ValidationError:
+    """One line naming the argument and what the schema wants of it; never its value, which
+    may be a memory's words."""
+    keyword, wanted, path = violation.validator, violation.validator_value, violation.absolute_path
+    here = _argument(path)
+    if keyword == "additionalProperties":
+        known = violation.schema.get("properties", {})
+        extra = sorted(set(violation.instance) - set(known))
+        where = f"a field of {here}" if here else f"an argument of {tool}"
+        takes = ", ".join(known) or "none"
+        return ValidationError(_argument([*path, extra[0]]), f"is not {where} (it takes: {takes})")
+    if keyword == "required":
+        missing = next(name for name in wanted if name not in violation.instance)
+        return ValidationError(_argument([*path, missing]), "is required")
+    problems: dict[str, Callable[[Any], str]] = {
+        "type": lambda kind: f"must be {_KINDS.get(kind, kind)}",
+        "minimum": lambda low: f"must be at least {low}",
+        "maximum": lambda high: f"must be at most {high}",
+        "enum": lambda names: "must be one of " + ", ".join(map(str, names)),
+    }
+    tell = problems.get(keyword)
+    return ValidationError(here or "arguments", tell(wanted) if tell else f"breaks {keyword}")
+
+
+def _as_promised(schema: Mapping[str, Any], args: dict[str, Any]) -> dict[str, Any]:
+    """The schema's defaults filled in, and whole numbers sent as ``3.0`` made ints, so a
+    handler reads exactly what the schema promised."""
+    properties = schema["properties"]
+    full = {name: spec["default"] for name, spec in properties.items() if "default" in spec}
+    full.update(args)
+    for name, value in full.items():
+        if properties[name].get("type") == "integer" and isinstance(value, float):
+            full[name] = int(value)
+    return full
+
+
+class ArgumentCheck:
+    """Every tool's arguments held to its own input schema, by one validator per tool."""
+
+    def __init__(self, tools: list[types.Tool]) -> None:
+        self.schemas = {tool.name: tool.input_schema for tool in tools}
+        self.validators = {name: _Validator(schema) for name, schema in self.schemas.items()}
+
+    def __call__(self, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+        """The arguments ready for the handler, or ValidationError naming the first bad one."""
+        violations = list(self.validators[tool].iter_errors(args))
+        if violations:
+            violations.sort(key=lambda v: (_FIRST.get(v.validator, 3), _argument(v.absolute_path)))
+            raise _told(tool, violations[0])
+        return _as_promised(self.schemas[tool], args)
 
 
 def _optional(args: dict[str, Any], name: str) -> Any:
@@ -170,6 +262,7 @@ class ToolHandlers:
     def __init__(self, service: MemoryService, store_wait: float = 0.0) -> None:
         self.service = service
         self.store_wait = store_wait
+        self.check = ArgumentCheck(TOOLS)
         self.calls: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "add_memory": self.add_memory,
             "query_recent_turns": self.query_recent_turns,
@@ -181,9 +274,9 @@ class ToolHandlers:
 
     def add_memory(self, args: dict[str, Any]) -> dict[str, Any]:
         return self.service.add_memory(
-            prompt=args.get("prompt"),  # type: ignore[arg-type]
-            thought=args.get("thought"),  # type: ignore[arg-type]
-            response=args.get("response"),  # type: ignore[arg-type]
+            prompt=args["prompt"],
+            thought=args["thought"],
+            response=args["response"],
             session_id=_optional(args, "sessionId"),
             agent=_optional(args, "agent"),
             model=_optional(args, "model"),
@@ -193,40 +286,38 @@ class ToolHandlers:
         return self.service.query_recent_turns(
             session_id=_optional(args, "sessionId"),
             agent=_optional(args, "agent"),
-            limit=_number(args, "limit", 20, 1, 100),
+            limit=args["limit"],
             before=_optional(args, "before"),
         )
 
     def query_raw_memories(self, args: dict[str, Any]) -> dict[str, Any]:
-        _known_only("query_raw_memories", args)
-        importance, relevance = _optional(args, "minImportance"), _optional(args, "minRelevance")
         return self.service.query_raw_memories(
-            query=args.get("query"),  # type: ignore[arg-type]
-            n_results=_number(args, "nResults", 10, 1, 100),
+            query=args["query"],
+            n_results=args["nResults"],
             session_id=_optional(args, "sessionId"),
             agent=_optional(args, "agent"),
             tags=_optional(args, "tags"),
-            min_importance=None if importance is None else int(importance),
+            min_importance=args.get("minImportance"),
             since=_optional(args, "since"),
             until=_optional(args, "until"),
-            min_relevance=None if relevance is None else float(relevance),
+            min_relevance=args.get("minRelevance"),
         )
 
     def forget_memory(self, args: dict[str, Any]) -> dict[str, Any]:
-        _known_only("forget_memory", args)
-        key = args.get("id")
-        if not isinstance(key, str):
-            raise ValidationError("id", "must be a key or a unique prefix of one (hex text)")
-        return self.service.forget(key)
+        return self.service.forget(args["id"])
 
     def brain_store(self, args: dict[str, Any]) -> dict[str, Any]:
-        """BrainLayer's ``brain_store``; its ``type`` (or ``memory_type``) reaches the sink."""
+        """BrainLayer's ``brain_store``; its ``type`` (or ``memory_type``) reaches the sink,
+        ``agent_id`` becomes the memory's agent, BrainLayer's other fields stay with it."""
+        extra = {name: args[name] for name in _BRAINLAYER_ONLY if name in args}
         receipt = self.service.remember(
-            args.get("content"),  # type: ignore[arg-type]
-            importance=args.get("importance", 5),
+            args["content"],
+            importance=args["importance"],
             tags=args.get("tags"),
+            metadata={"brainlayer": extra} if extra else None,
             memory_type=_optional(args, "type") or _optional(args, "memory_type"),
             project=_optional(args, "project"),
+            agent=_optional(args, "agent_id"),
         )
         if self.store_wait > 0 and receipt.status == ReceiptStatus.QUEUED:
             receipt = self.service.outbox.wait_delivered(receipt.key, timeout=self.store_wait)
@@ -240,7 +331,7 @@ class ToolHandlers:
         if handler is None:
             return None, f"unknown tool {name!r}"
         try:
-            return handler(args), ""
+            return handler(self.check(name, args)), ""
         except (ValidationError, OutboxError) as exc:
             return None, str(exc)
         except (TypeError, ValueError, OverflowError) as exc:
