@@ -346,32 +346,28 @@ class SharedServer:
         state = read_state(self.folder)
         if state is not None and answers(self.folder, state) and owner_of(self.folder):
             return state
+        with self._start_lock():
+            server_key(self.folder, create=True)
+            return self._start_or_wait()
+
+    def _start_lock(self) -> contextlib.AbstractContextManager[None]:
+        """The start lock: one process at a time starts (or stops) the folder's server."""
         lock, bound = self.folder / START_LOCK, 2 * STARTUP + 30
-        with exclusive(
+        return exclusive(
             lock,
             "Chroma server's start lock",
             lambda: ChromaServerDown(
                 f"the Chroma server's start lock stayed locked for {bound:g} s: {lock}"
             ),
             wait=bound,
-        ):
-            server_key(self.folder, create=True)
-            return self._start_or_wait()
+        )
 
     @contextlib.contextmanager
     def stopped(self) -> Iterator[None]:
         """No Chroma on the folder for the block, for work on its files (a forget's purge):
         the server is stopped, the start lock keeps a new one from starting and the owner
         lock an embedded one; the next call after the block starts a fresh server."""
-        lock, bound = self.folder / START_LOCK, 2 * STARTUP + 30
-        with exclusive(
-            lock,
-            "Chroma server's start lock",
-            lambda: ChromaServerDown(
-                f"the Chroma server's start lock stayed locked for {bound:g} s: {lock}"
-            ),
-            wait=bound,
-        ):
+        with self._start_lock():
             state, owner = read_state(self.folder), owner_of(self.folder)
             if state is not None and owner is not None and owner.split()[0] == str(state.pid):
                 with contextlib.suppress(ProcessLookupError):
