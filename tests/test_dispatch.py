@@ -106,7 +106,10 @@ def test_a_reply_without_an_id_is_not_a_delivery(settings: Settings, tmp_path: P
     sink = FaultySink(tmp_path / "n.db", A, null_rate=1.0)
     with Outbox.open(settings) as ob:
         receipt = ob.add("the sink answers chunk_id: null for this one")
-        with ob.dispatcher(sink_objects={A: sink}, policy=FAST) as dispatcher:
+        # A backoff no drain outlasts: with FAST's 10-20 ms, a drain slowed by a busy machine
+        # found the row due again, retried it to its cap and left it dead, not pending.
+        patient = RetryPolicy(max_retries=2, base=600.0, cap=600.0)
+        with ob.dispatcher(sink_objects={A: sink}, policy=patient) as dispatcher:
             report = dispatcher.drain()
         assert not report.ok
         (row,) = ob.storage.deliveries.deliveries_for([receipt.key])[receipt.key]
