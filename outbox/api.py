@@ -46,7 +46,8 @@ if TYPE_CHECKING:
     from outbox.operations.reindex import ReindexReport
     from outbox.recall.service import RecallAnswer, Recaller
     from outbox.store.delivery_reads import DeliveryRow
-    from outbox.store.recall import LexicalHits, RecentRow
+    from outbox.store.lexical import LexicalHits
+    from outbox.store.recall import RecentRow
     from outbox.store.rows import StoredRecord
     from outbox.write.replay import Replayer, ReplayReport
 
@@ -475,7 +476,7 @@ class Outbox:
 
             with Outbox._recaller_build:
                 if self._recaller is None:
-                    self._recaller = Recaller(self.storage, self.settings)
+                    self._recaller = Recaller(self.storage.recall, self.settings)
         return self._recaller
 
     def recall(

@@ -27,7 +27,6 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from outbox.api import Outbox
 from outbox.core.config import Settings
 from outbox.core.receipt import Receipt
 from outbox.core.record import check_content
@@ -35,6 +34,7 @@ from outbox.core.states import BuiltinSink, FallbackReason, ReceiptStatus
 
 if TYPE_CHECKING:
     from outbox import RecallAnswer, RecallHit, RecentRow
+    from outbox.api import Outbox
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,11 @@ class MemoryService:
     """The memory-core tools over one open outbox."""
 
     def __init__(self, outbox: Outbox | None = None, settings: Settings | None = None) -> None:
-        self.outbox = outbox or Outbox.open(settings)
+        if outbox is None:  # imported here: ``outbox search`` shapes answers without the store
+            from outbox.api import Outbox
+
+            outbox = Outbox.open(settings)
+        self.outbox = outbox
         self.session_id = str(uuid.uuid4())  # the fallback session of this process
 
     # -- writing --------------------------------------------------------------------------

@@ -1,8 +1,11 @@
 """``outbox search`` from a shell: the hits ``Outbox.recall`` gives, without loading the model.
 
 The shared Chroma server embeds the query (``query_text``), so the command loads neither
-onnxruntime, tokenizers, numpy nor chromadb; these tests hold it to the same answer as the
-library call, and the server's query vector to the one this process would have made.
+onnxruntime, tokenizers, numpy nor chromadb; on a store in its steady state it reads through
+SQLite's bare recall reads, without SQLAlchemy either (``recall/direct.py``). These tests hold
+it to the same answer as the library call, under each filter, and the server's query vector to
+the one this process would have made; a store with a fallback file waiting is searched through
+the full open, which imports the file first.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +25,9 @@ from outbox.faces.demo import TURNS
 from outbox.memory_core import recall_view
 from outbox.sinks.chroma_service import SharedBackend
 from outbox.sinks.embedding import builtin_name, load_embedding
+from outbox.write.fallback import FallbackQueue
 from tests.chroma_server import stop_servers_under
+from tests.helpers.faults import held_write_lock
 
 QUERIES = (
     "when does the nightly backfill run?",  # both legs
@@ -28,7 +35,15 @@ QUERIES = (
     "heron quarry",  # by its words
     "banana smoothie recipe",  # nothing
 )
-NOT_LOADED = ("chromadb", "onnxruntime", "tokenizers", "numpy")
+NOT_LOADED = ("chromadb", "onnxruntime", "tokenizers", "numpy", "sqlalchemy", "alembic")
+# (Outbox.recall's options, the same as command-line flags)
+OPTIONS: tuple[tuple[dict[str, Any], tuple[str, ...]], ...] = (
+    ({}, ()),
+    ({"min_relevance": 0.0, "limit": 5}, ("-n", "5", "--min-relevance", "0")),
+    ({"session_id": "a", "min_relevance": 0.0}, ("--session", "a", "--min-relevance", "0")),
+    ({"tags": ["ops"], "min_relevance": 0.0}, ("--tag", "ops", "--min-relevance", "0")),
+    ({"since": "2000-01-01", "min_importance": 5}, ("--since", "2000-01-01", "--min-importance", "5")),
+)
 
 
 @pytest.fixture(scope="module")
@@ -75,15 +90,16 @@ def _shell_search(settings: Settings, *args: str) -> dict[str, object]:
 
 
 def test_search_in_a_shell_answers_as_recall_does(store: Settings) -> None:
+    answered = 0
     with Outbox.open(store) as ob:
         for query in QUERIES:
-            for options, flags in (({}, ()), ({"min_relevance": 0.0, "limit": 5}, ("-n", "5"))):
-                if flags:
-                    flags = (*flags, "--min-relevance", "0")
+            for options, flags in OPTIONS:
                 expected = json.loads(
                     json.dumps(recall_view(ob.recall(query, **options)), default=str)
                 )
-                assert _shell_search(store, query, *flags) == expected, query
+                assert _shell_search(store, query, *flags) == expected, (query, flags)
+                answered += bool(expected["results"])
+    assert answered >= len(QUERIES) * len(OPTIONS) // 2  # the filters left hits to compare
     meant = _shell_search(store, QUERIES[1])["results"]
     assert isinstance(meant, list) and "vector" in meant[0]["legs"]  # the server was asked
 
@@ -127,3 +143,43 @@ def test_the_server_embeds_a_query_as_this_process_would(store: Settings) -> Non
             assert there == here and len(there["ids"]) == 6
     finally:
         backend.close()
+
+
+def _cli(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "outbox", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_a_waiting_fallback_file_is_imported_before_the_search(tmp_path: Path) -> None:
+    """The bare read would miss a memory still in the fallback queue: with one waiting, the
+    search takes the full open, which imports it, and finds it by its words."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("OUTBOX_")}
+    env.update(
+        OUTBOX_HOME=str(tmp_path / ".outbox"),
+        OUTBOX_MARKDOWN_DIR=str(tmp_path / "md"),
+        OUTBOX_SINKS="outbox.testing.sinks:FaultySink",
+        OUTBOX_FAULTY_DB=str(tmp_path / "sink.db"),
+    )
+    first = _cli(env, tmp_path, "add", "a first memory about the heron quarry")
+    assert first.returncode == 0, first.stderr
+    with held_write_lock(tmp_path / ".outbox" / "outbox.db"):
+        refused = _cli(
+            {**env, "OUTBOX_BUSY_TIMEOUT": "0.2"}, tmp_path, "add", "--json", "the otter ledger"
+        )
+    assert refused.returncode == 0, refused.stderr
+    assert json.loads(refused.stdout)["status"] == "fallback"
+    found = _cli(env, tmp_path, "search", "otter ledger", "--json")
+    assert found.returncode == 0, found.stderr
+    results = json.loads(found.stdout)["results"]
+    assert [hit["content"] for hit in results] == ["the otter ledger"]
+    status = _cli(env, tmp_path, "status", "--json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["records"] == 2  # imported, not just read
+    assert FallbackQueue(tmp_path / "md", ["outbox.testing.sinks:FaultySink"]).pending_count() == 0

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from outbox.core.errors import ValidationError
 from outbox.core.keys import parse_instant
@@ -37,8 +37,8 @@ from outbox.recall.fusion import (
 if TYPE_CHECKING:
     from outbox.core.config import Settings
     from outbox.sinks.chroma import ChromaSink
+    from outbox.store.lexical import LexicalHits
     from outbox.store.rows import StoredRecord
-    from outbox.store.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +91,23 @@ class RecallAnswer:
     degraded: str | None = None
 
 
+class RecallReads(Protocol):
+    """What recall reads from the store: the full outbox's ``RecallQueries``, or SQLite's
+    bare reads when ``outbox search`` runs without it (``recall/direct.py``)."""
+
+    def lexical(self, query: str, *, limit: int, filters: RecallFilter) -> LexicalHits: ...
+
+    def neighbours(self, keys: Iterable[str], reach: int) -> dict[str, list[str]]: ...
+
+    def get_records(self, keys: Iterable[str]) -> dict[str, StoredRecord]: ...
+
+
 class Recaller:
     """Hybrid recall over one outbox's store; Chroma's index is opened on first need and
     kept for the next recall, since opening it costs far more than a query."""
 
-    def __init__(self, storage: Storage, settings: Settings) -> None:
-        self.storage = storage
+    def __init__(self, reads: RecallReads, settings: Settings) -> None:
+        self.reads = reads
         self.settings = settings
         self._vector: ChromaSink | None = None
         self._opening = threading.Lock()  # concurrent first recalls share one index
@@ -130,12 +141,12 @@ class Recaller:
             until=until,
         )
         depth = max(LEG_DEPTH, limit)
-        lexical = self.storage.recall.lexical(query, limit=depth, filters=filters)
+        lexical = self.reads.lexical(query, limit=depth, filters=filters)
         vector: list[tuple[str, float]] = []
         degraded: str | None = None
         if VECTOR_SINK in self.settings.sinks:
             vector, degraded = self.vector_leg(query, depth, filters)
-        stored = self.storage.records.get_records({key for key, _ in [*lexical.hits, *vector]})
+        stored = self.reads.get_records({key for key, _ in [*lexical.hits, *vector]})
         weights = TermWeights.of(lexical.counts, lexical.total, lexical.cap)
         when = named_dates(query)
         coverage = {key: _coverage(weights, item, when) for key, item in stored.items()}
@@ -166,9 +177,9 @@ class Recaller:
         """The best hits lend part of their score to their session neighbours that pass
         the filter (``stored`` and ``coverage`` gain those neighbours', each measured once)."""
         sources = [item.key for item, _score in scored[: FUSION.context_sources]]
-        near = self.storage.recall.neighbours(sources, CONTEXT_REACH)
+        near = self.reads.neighbours(sources, CONTEXT_REACH)
         missing = {key for keys in near.values() for key in keys} - stored.keys()
-        stored.update(self.storage.records.get_records(missing))
+        stored.update(self.reads.get_records(missing))
         coverage.update(
             (key, _coverage(weights, stored[key], when)) for key in missing if key in stored
         )

@@ -32,9 +32,10 @@ from sqlalchemy.sql.elements import TextClause
 
 from outbox.core.recall_filter import RecallFilter
 from outbox.core.states import DeliveryState
+from outbox.store.postgres_recall import postgres_clause
 from outbox.store.recall import RecentRow, recent_row
-from outbox.store.recall_filters import postgres_clause, sqlite_clause
 from outbox.store.schema import deliveries, graph_nodes, records
+from outbox.store.sqlite_recall import sqlite_clause
 
 # How many of the newest memories a tagged page looks among before it scans the records.
 TAG_PROBE = 2000

@@ -1,27 +1,26 @@
 """Read queries behind memory-core's recall: recency from the graph, and the lexical leg
 over every record (or, for the pending overlay, over records a vector sink lacks), with the
-recall filter inside each query. All run on the reader engine; how each database matches
-words is in ``store/lexical.py``.
+recall filter inside each query. All run on the reader engine. On SQLite the recall reads
+are ``store/sqlite_recall.py``'s, on the pooled connection's driver (the same code ``outbox
+search`` runs without SQLAlchemy); on PostgreSQL the lexical leg is ``store/postgres_recall.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+import contextlib
+import sqlite3
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, and_, func, or_, select, text
+from sqlalchemy import Engine, and_, or_, select, text
 
 from outbox.core.recall_filter import RecallFilter
-from outbox.store.lexical import (
-    MATCH_BUDGET,
-    OverlayFactory,
-    PostgresOverlay,
-    SqliteOverlay,
-    match_terms,
-    telling_terms,
-)
+from outbox.store.lexical import MATCH_BUDGET, LexicalHits, lexical_hits
+from outbox.store.postgres_recall import PostgresOverlay
+from outbox.store.rows import StoredRecord, row_to_record
 from outbox.store.schema import graph_nodes, records
+from outbox.store.sqlite_recall import SqliteRecallReads
 
 _BEFORE = text(
     "SELECT id FROM graph_nodes WHERE session_id = :session AND ts < :ts "
@@ -30,17 +29,6 @@ _BEFORE = text(
 _AFTER = text(
     "SELECT id FROM graph_nodes WHERE session_id = :session AND ts > :ts ORDER BY ts LIMIT :reach"
 )
-
-
-@dataclass(frozen=True)
-class LexicalHits:
-    """The lexical leg's answer: (key, score) best first, and what relevance needs: each
-    query word's number of matches (counted no further than ``cap``) and the store's size."""
-
-    hits: list[tuple[str, float]]
-    counts: dict[str, int] = field(default_factory=dict)
-    cap: int = MATCH_BUDGET + 1
-    total: int = 0
 
 
 @dataclass(frozen=True)
@@ -70,12 +58,20 @@ def recent_row(row: Any) -> RecentRow:
 
 
 class RecallQueries:
-    """Recall's reads over one reader engine, with its database's overlay chosen once."""
+    """Recall's reads over one reader engine: SQLite's on the bare driver, PostgreSQL's
+    through SQLAlchemy."""
 
     def __init__(self, reader: Engine) -> None:
         self.reader = reader
-        sqlite = reader.dialect.name == "sqlite"
-        self._overlay: OverlayFactory = SqliteOverlay if sqlite else PostgresOverlay
+        self.sqlite = reader.dialect.name == "sqlite"
+
+    @contextlib.contextmanager
+    def _bare(self) -> Iterator[SqliteRecallReads]:
+        """SQLite's recall reads on a pooled reader connection's own driver."""
+        with self.reader.connect() as conn:
+            driver = conn.connection.driver_connection
+            assert isinstance(driver, sqlite3.Connection)
+            yield SqliteRecallReads(driver)
 
     def recent(
         self,
@@ -119,6 +115,9 @@ class RecallQueries:
         """Each memory's neighbours in its session: the ``reach`` written just before it and
         the ``reach`` just after, nearest first (by the session index, one bounded lookup
         each way; plain statements, since recall asks for twenty memories' at a time)."""
+        if self.sqlite:
+            with self._bare() as reads:
+                return reads.neighbours(keys, reach)
         node = graph_nodes.c
         found: dict[str, list[str]] = {}
         with self.reader.connect() as conn:
@@ -133,6 +132,15 @@ class RecallQueries:
                 after = conn.execute(_AFTER, place).scalars().all()
                 found[key] = [*before, *after]
         return found
+
+    def get_records(self, keys: Iterable[str]) -> dict[str, StoredRecord]:
+        """The stored records of recall's hits, by key; unknown keys are left out."""
+        if self.sqlite:
+            with self._bare() as reads:
+                return reads.get_records(keys)
+        with self.reader.connect() as conn:
+            rows = conn.execute(select(records).where(records.c.key.in_(list(keys))))
+            return {row.key: row_to_record(row) for row in rows}
 
     def pending_matches(
         self,
@@ -159,31 +167,15 @@ class RecallQueries:
         vector_sink: str | None = None,
         budget: int = MATCH_BUDGET,
     ) -> LexicalHits:
-        """The records that share words with ``query`` and pass ``filters``, best first.
-
-        Recall runs this on every query, so its cost must not grow with the store: each step
-        reads at most about ``budget`` matches per word. Each word's matches are counted up
-        to ``budget`` + 1; the rarest words whose matches fit in ``budget`` together are
-        ranked over all their matches (SQLite: FTS5 bm25, PostgreSQL: ts_rank). Words more
-        common than that only count among the newest ``budget`` records that pass the
-        filter, whose hits come after: on SQLite ranked by how many of those words each
-        holds, on PostgreSQL by ts_rank. Scores order one call's results only. The filter
-        is part of every query, so no match is lost to a LIMIT before it.
-        """
-        terms = match_terms(query)
-        if not terms:
-            return LexicalHits([])
+        """The records that share words with ``query`` and pass ``filters``, best first
+        (``store/lexical.py``'s bounded steps). The filter is part of every query, so no
+        match is lost to a LIMIT before it."""
         filters = filters or RecallFilter()
-        with self.reader.connect() as conn:
-            overlay = self._overlay(conn, vector_sink, filters)
-            counts = overlay.counts(terms, budget + 1)
-            telling = telling_terms(counts, budget)
-            common = [term for term in terms if counts[term] and term not in telling]
-            found = overlay.ranked(telling, limit) if telling else []
-            if common and len(found) < limit:
-                seen = {key for key, _score, _meta in found}
-                newest = overlay.newest(common, limit, budget)
-                found += [item for item in newest if item[0] not in seen]
-            total = conn.execute(select(func.max(records.c.seq))).scalar() or 0
-        hits = [(key, score) for key, score, _meta in found[:limit]]
-        return LexicalHits(hits, counts, budget + 1, int(total))
+        if self.sqlite:
+            with self._bare() as reads:
+                return reads.lexical(
+                    query, limit=limit, filters=filters, vector_sink=vector_sink, budget=budget
+                )
+        with self.reader.connect() as conn, conn.begin():
+            overlay = PostgresOverlay(conn, vector_sink, filters)
+            return lexical_hits(overlay, query, limit=limit, budget=budget)

@@ -79,8 +79,9 @@ _EDGE = _insert("graph_edges", EDGE_COLUMNS)
 _DELIVERY = _insert("deliveries", DELIVERY_COLUMNS)
 _FTS = "INSERT INTO records_fts(rowid, content) VALUES (?, ?)"
 _LOOKUP = 'SELECT "key", markdown_name FROM records WHERE "key" IN ({}) OR markdown_name IN ({})'
-_READ_COLUMNS = ("seq", *RECORD_COLUMNS)
-_READ = f'SELECT {_names(_READ_COLUMNS)} FROM records WHERE "key" = ?'
+# A stored record's columns as ``stored_record`` reads them, in this order.
+READ_COLUMNS = ("seq", *RECORD_COLUMNS)
+_READ = f'SELECT {_names(READ_COLUMNS)} FROM records WHERE "key" = ?'
 
 
 def apply_discipline(
@@ -106,10 +107,21 @@ def apply_discipline(
 
 def connect_writer(path: Path, *, busy_timeout: float, synchronous: str) -> sqlite3.Connection:
     """A writer's own connection to the store at ``path``, with the discipline applied."""
+    return _connect(path, busy_timeout=busy_timeout, synchronous=synchronous, writer=True)
+
+
+def connect_reader(path: Path, *, busy_timeout: float, synchronous: str) -> sqlite3.Connection:
+    """A read-only connection to the store at ``path``, as the full outbox's reader has."""
+    return _connect(path, busy_timeout=busy_timeout, synchronous=synchronous, writer=False)
+
+
+def _connect(
+    path: Path, *, busy_timeout: float, synchronous: str, writer: bool
+) -> sqlite3.Connection:
     conn = sqlite3.connect(path, timeout=busy_timeout, check_same_thread=False)
     try:
         apply_discipline(
-            conn, busy_ms=int(busy_timeout * 1000), synchronous=synchronous, writer=True
+            conn, busy_ms=int(busy_timeout * 1000), synchronous=synchronous, writer=writer
         )
     except BaseException:
         conn.close()
@@ -222,11 +234,14 @@ class SqliteRows:
     def get_record(self, key: str, conn: sqlite3.Connection) -> StoredRecord | None:
         """The record of ``key`` as the transaction on ``conn`` sees it."""
         row = conn.execute(_READ, (key,)).fetchone()
-        if row is None:
-            return None
-        values = dict(zip(_READ_COLUMNS, row, strict=True))
-        values.update(tags=json.loads(values["tags"]), meta=json.loads(values["meta"]))
-        return row_to_record(_Row(values))
+        return None if row is None else stored_record(row)
+
+
+def stored_record(row: Sequence[Any]) -> StoredRecord:
+    """A row of ``READ_COLUMNS`` (JSON columns as the driver gives them) as a StoredRecord."""
+    values = dict(zip(READ_COLUMNS, row, strict=True))
+    values.update(tags=json.loads(values["tags"]), meta=json.loads(values["meta"]))
+    return row_to_record(_Row(values))
 
 
 class _Row:

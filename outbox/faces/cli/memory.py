@@ -66,25 +66,32 @@ def _search_line(hit: RecallHit) -> str:
 def cmd_search(args: argparse.Namespace) -> int:
     """``Outbox.recall`` as a table of typed hits; ``--json`` prints memory-core's answer.
 
-    A read needs no mirror repair (it changes no hit; the next write or dispatcher does it),
-    so the open skips it, as ``show`` does; waiting fallback files are still imported, so a
-    memory the database could not take at first is found by its words as before."""
+    A store in its steady state is searched without the full outbox (SQLAlchemy), through
+    the same recall (``recall/direct.py``). Otherwise the full open runs, without mirror
+    repair (a read changes no hit; the next write or dispatcher does it), as ``show`` does;
+    waiting fallback files are still imported, so a memory the database could not take at
+    first is found by its words as before."""
+    from outbox.core.config import load_settings
     from outbox.memory_core import recall_view
+    from outbox.recall.direct import recall
 
-    with open_outbox(repair=False) as ob:
-        if ob.unavailable is None:
-            ob.import_fallback()
-        answer = ob.recall(
-            args.query,
-            limit=args.n,
-            session_id=args.session,
-            agent=args.agent,
-            tags=args.tag,
-            min_importance=args.min_importance,
-            since=args.since,
-            until=args.until,
-            min_relevance=args.min_relevance,
-        )
+    options: dict[str, Any] = {
+        "limit": args.n,
+        "session_id": args.session,
+        "agent": args.agent,
+        "tags": args.tag,
+        "min_importance": args.min_importance,
+        "since": args.since,
+        "until": args.until,
+        "min_relevance": args.min_relevance,
+    }
+    settings = load_settings()
+    answer = recall(settings, args.query, **options) if settings.home.is_dir() else None
+    if answer is None:
+        with open_outbox(repair=False) as ob:
+            if ob.unavailable is None:
+                ob.import_fallback()
+            answer = ob.recall(args.query, **options)
     lines = _table(
         answer.hits,
         f"{'legs':<{_LEGS}} {'relevance':>9} {'bm25':>7} {'distance':>8}  {'timestamp':<27}",
