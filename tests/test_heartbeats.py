@@ -113,6 +113,7 @@ def test_status_shows_one_dispatcher_alive_and_the_killed_one_gone(
     lines = {pid: line for pid in found for line in text.splitlines() if f":{pid} " in line}
     assert " alive " in lines[survivor.pid] and "records/s" in lines[survivor.pid]
     assert " gone " in lines[killed.pid] and "died without stopping" in lines[killed.pid]
+    assert "the next drain or run takes back its leased rows" in lines[killed.pid]
 
     survivor.send_signal(signal.SIGTERM)
     assert survivor.wait(timeout=60) == 0

@@ -66,7 +66,7 @@ def _dispatcher_lines(dispatchers: list[dict[str, Any]], now: float) -> list[str
         elif d["state"] == "gone":
             health = (
                 f"no heartbeat for {d['beat_age']:.1f}s (bound {d['gone_after']:.0f}s): "
-                "it died without stopping; its leased rows return when their leases expire"
+                "it died without stopping; the next drain or run takes back its leased rows"
             )
         else:
             health = f"stopped {now - d['stopped_at']:.0f}s ago"
