@@ -42,7 +42,10 @@ OPTIONS: tuple[tuple[dict[str, Any], tuple[str, ...]], ...] = (
     ({"min_relevance": 0.0, "limit": 5}, ("-n", "5", "--min-relevance", "0")),
     ({"session_id": "a", "min_relevance": 0.0}, ("--session", "a", "--min-relevance", "0")),
     ({"tags": ["ops"], "min_relevance": 0.0}, ("--tag", "ops", "--min-relevance", "0")),
-    ({"since": "2000-01-01", "min_importance": 5}, ("--since", "2000-01-01", "--min-importance", "5")),
+    (
+        {"since": "2000-01-01", "min_importance": 5},
+        ("--since", "2000-01-01", "--min-importance", "5"),
+    ),
 )
 
 
