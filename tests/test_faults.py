@@ -290,3 +290,25 @@ def test_replay_of_three_pending_files_updates_only_the_delivered_ones(
             assert matter["retry_attempted"] is True  # the replay's delivery was the retry
             assert sink.received[key] == 1
     assert sorted(p.name for p in markdown_files(folder)) == sorted(bodies)  # none moved/added
+
+
+def test_status_shows_the_writes_waiting_for_a_locked_database(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """While the database refuses writes, ``status`` cannot import the fallback files either:
+    it says how many wait, in text and in ``--json``; once they are in, it says nothing."""
+    with Outbox.open(settings) as ob:
+        ob.add("a first memory so the store exists")
+    env = _env(settings, OUTBOX_BUSY_TIMEOUT="0.2")
+    with held_write_lock(settings.home / "outbox.db"):
+        for text in ("the first refused memory", "the second refused memory"):
+            added = run_cli(["add", "--json", text], cwd=tmp_path, env=env)
+            assert json.loads(added.stdout)["status"] == "fallback", added.stderr
+        locked = run_cli(["status", "--json"], cwd=tmp_path, env=env)
+        shown = run_cli(["status"], cwd=tmp_path, env=env).stdout.decode()
+    assert json.loads(locked.stdout)["fallback_waiting"] == 2
+    assert "fallback queue: 2 writes wait for the database" in shown
+    after = run_cli(["status", "--json"], cwd=tmp_path, env=env)
+    assert json.loads(after.stdout)["fallback_waiting"] == 0
+    assert json.loads(after.stdout)["records"] == 3
+    assert "fallback queue" not in run_cli(["status"], cwd=tmp_path, env=env).stdout.decode()

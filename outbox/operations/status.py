@@ -81,6 +81,9 @@ def _status(storage: Storage, settings: Settings, now: float, *, read: bool) -> 
         "forgotten": records.forgotten,
         "sinks": per_sink,
         "dead_letters": sum(entry["dead"] for entry in per_sink.values()),
+        # Writes the database could not take yet; the open before a status imports them
+        # when it can, so these are the ones it could not (the database locked or gone).
+        "fallback_waiting": FallbackQueue(settings.markdown_dir, settings.sinks).pending_count(),
         "dispatchers": [dispatcher_view(beat, now) for beat in storage.heartbeats.all()]
         if read
         else [],

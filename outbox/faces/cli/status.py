@@ -43,6 +43,12 @@ def status_text(status: dict[str, Any], now: float | None = None) -> str:
                 f"{_one_line(latest.get('error'))}"
             )
     lines.append(f"dead letters: {status['dead_letters']}")
+    waiting = status.get("fallback_waiting", 0)
+    if waiting and not missing:
+        lines.append(
+            f"fallback queue: {waiting} {'write waits' if waiting == 1 else 'writes wait'} for "
+            "the database (outbox replay imports them; so does a running outbox run)"
+        )
     lines += _dispatcher_lines(status.get("dispatchers", []), now)
     return "\n".join(lines)
 
