@@ -36,8 +36,7 @@ if TYPE_CHECKING:
         Transient,
     )
     from outbox.store.delivery_reads import DeliveryRow
-    from outbox.store.recall import RecentRow
-    from outbox.store.rows import StoredRecord
+    from outbox.store.rows import RecentRow, StoredRecord
 
 __version__ = "0.1.0"
 
@@ -70,7 +69,7 @@ _HOMES = {
     "DeliveryRow": "outbox.store.delivery_reads",
     "RecallAnswer": "outbox.recall.service",
     "RecallHit": "outbox.recall.service",
-    "RecentRow": "outbox.store.recall",
+    "RecentRow": "outbox.store.rows",
     "StoredRecord": "outbox.store.records",
 }
 

@@ -47,8 +47,7 @@ if TYPE_CHECKING:
     from outbox.recall.service import RecallAnswer, Recaller
     from outbox.store.delivery_reads import DeliveryRow
     from outbox.store.lexical import LexicalHits
-    from outbox.store.recall import RecentRow
-    from outbox.store.rows import StoredRecord
+    from outbox.store.rows import RecentRow, StoredRecord
     from outbox.write.replay import Replayer, ReplayReport
 
 log = logging.getLogger(__name__)

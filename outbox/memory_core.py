@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -205,14 +205,10 @@ class MemoryService:
         before: Mapping[str, str] | str | None = None,
     ) -> dict[str, Any]:
         """Newest first from the graph, immediately after the write; ``nextCursor`` pages."""
-        limit = max(1, min(int(limit), MAX_LIMIT))
-        cursor = _parse_cursor(before)
+        limit = recent_limit(limit)
+        cursor = parse_cursor(before)
         rows = self.outbox.recent_memories(limit, session_id=session_id, agent=agent, before=cursor)
-        turns = [_turn_view(row) for row in rows]
-        next_cursor = (
-            {"timestamp": rows[-1].timestamp, "id": rows[-1].key} if len(rows) == limit else None
-        )
-        return {"count": len(turns), "turns": turns, "nextCursor": next_cursor}
+        return recent_view(rows, limit)
 
     def query_raw_memories(
         self,
@@ -285,13 +281,30 @@ def _hit_view(hit: RecallHit) -> dict[str, Any]:
     return view
 
 
-def _parse_cursor(before: Mapping[str, str] | str | None) -> tuple[str, str] | None:
+def recent_limit(limit: int) -> int:
+    """How many recent memories one page holds: what was asked, within 1..MAX_LIMIT."""
+    return max(1, min(int(limit), MAX_LIMIT))
+
+
+def parse_cursor(before: Mapping[str, str] | str | None) -> tuple[str, str] | None:
+    """A page cursor (``nextCursor``, or ``timestamp|id`` as the command line prints it) as
+    the (timestamp, key) recency pages by."""
     if before is None or before == "":
         return None
     if isinstance(before, str):
         ts, _, key = before.partition("|")
         return (ts, key or "\uffff")
     return (str(before["timestamp"]), str(before.get("id") or "\uffff"))
+
+
+def recent_view(rows: Sequence[RecentRow], limit: int) -> dict[str, Any]:
+    """A page of recent memories as memory-core answers ``query_recent_turns`` (and ``outbox
+    recent --json`` prints it), with the cursor of the next page when this one is full."""
+    turns = [_turn_view(row) for row in rows]
+    next_cursor = (
+        {"timestamp": rows[-1].timestamp, "id": rows[-1].key} if len(rows) == limit else None
+    )
+    return {"count": len(turns), "turns": turns, "nextCursor": next_cursor}
 
 
 def record_view(content: str, metadata: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,11 +1,12 @@
-"""``outbox search`` from a shell: the hits ``Outbox.recall`` gives, without loading the model.
+"""``outbox search`` and ``outbox recent`` from a shell: the answers the library gives,
+without loading the model or the database toolkit.
 
-The shared Chroma server embeds the query (``query_text``), so the command loads neither
-onnxruntime, tokenizers, numpy nor chromadb; on a store in its steady state it reads through
-SQLite's bare recall reads, without SQLAlchemy either (``recall/direct.py``). These tests hold
-it to the same answer as the library call, under each filter, and the server's query vector to
-the one this process would have made; a store with a fallback file waiting is searched through
-the full open, which imports the file first.
+The shared Chroma server embeds the query (``query_text``), so a search loads neither
+onnxruntime, tokenizers, numpy nor chromadb; on a store in its steady state both commands read
+through SQLite's bare recall reads, without SQLAlchemy either (``recall/direct.py``). These
+tests hold them to the same answers as the library calls, under each filter and cursor, and
+the server's query vector to the one this process would have made; a store with a fallback
+file waiting is searched through the full open, which imports the file first.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 
 from outbox import Outbox, Settings, load_settings
 from outbox.faces.demo import TURNS
-from outbox.memory_core import recall_view
+from outbox.memory_core import MemoryService, recall_view
 from outbox.sinks.chroma_service import SharedBackend
 from outbox.sinks.embedding import builtin_name, load_embedding
 from outbox.write.fallback import FallbackQueue
@@ -186,3 +187,62 @@ def test_a_waiting_fallback_file_is_imported_before_the_search(tmp_path: Path) -
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["records"] == 2  # imported, not just read
     assert FallbackQueue(tmp_path / "md", ["outbox.testing.sinks:FaultySink"]).pending_count() == 0
+
+
+def _shell_recent(settings: Settings, *args: str) -> dict[str, Any]:
+    done = _cli(_environ(settings), settings.home.parent, "recent", *args, "--json")
+    assert done.returncode == 0, done.stderr
+    answer: dict[str, Any] = json.loads(done.stdout)
+    return answer
+
+
+def test_recent_in_a_shell_answers_as_memory_core_does(store: Settings) -> None:
+    """``outbox recent`` reads a steady store on the bare driver too: the same page, the same
+    cursor, under each filter, following the cursor to the last page."""
+    service = MemoryService(Outbox.open(store))
+    try:
+        for options, flags in (
+            ({}, ()),
+            ({"limit": 3}, ("--limit", "3")),
+            ({"session_id": "a", "limit": 2}, ("--session", "a", "--limit", "2")),
+            ({"agent": "nobody"}, ("--agent", "nobody")),
+        ):
+            expected = service.query_recent_turns(**options)
+            assert _shell_recent(store, *flags) == expected, flags
+        pages, cursor = 0, None
+        while True:
+            flags = ("--limit", "2") + (
+                ("--before", f"{cursor['timestamp']}|{cursor['id']}") if cursor else ()
+            )
+            page = _shell_recent(store, *flags)
+            assert page == service.query_recent_turns(limit=2, before=cursor)
+            pages += 1
+            cursor = page["nextCursor"]
+            if cursor is None:
+                break
+        assert pages >= 3  # the demo's turns and two notes: several pages of two
+    finally:
+        service.close()
+
+
+def test_recent_in_a_shell_loads_no_database_toolkit(store: Settings) -> None:
+    script = (
+        "import json, sys\n"
+        "from outbox.faces.cli import main\n"
+        "code = main(['recent', '--json'])\n"
+        f"heavy = {NOT_LOADED!r}\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in heavy)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=_environ(store),
+        cwd=store.home.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    answer, loaded = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
+    assert answer["count"] > 0
+    assert loaded == []

@@ -33,7 +33,7 @@ from sqlalchemy.sql.elements import TextClause
 from outbox.core.recall_filter import RecallFilter
 from outbox.core.states import DeliveryState
 from outbox.store.postgres_recall import postgres_clause
-from outbox.store.recall import RecentRow, recent_row
+from outbox.store.rows import RecentRow, recent_row
 from outbox.store.schema import deliveries, graph_nodes, records
 from outbox.store.sqlite_recall import sqlite_clause
 

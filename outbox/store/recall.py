@@ -10,15 +10,13 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import Engine, and_, or_, select, text
 
 from outbox.core.recall_filter import RecallFilter
 from outbox.store.lexical import MATCH_BUDGET, LexicalHits, lexical_hits
 from outbox.store.postgres_recall import PostgresOverlay
-from outbox.store.rows import StoredRecord, row_to_record
+from outbox.store.rows import RecentRow, StoredRecord, recent_row, row_to_record
 from outbox.store.schema import graph_nodes, records
 from outbox.store.sqlite_recall import SqliteRecallReads
 
@@ -29,32 +27,6 @@ _BEFORE = text(
 _AFTER = text(
     "SELECT id FROM graph_nodes WHERE session_id = :session AND ts > :ts ORDER BY ts LIMIT :reach"
 )
-
-
-@dataclass(frozen=True)
-class RecentRow:
-    key: str
-    timestamp: str
-    session_id: str | None
-    agent: str | None
-    content: str
-    importance: int
-    tags: list[str]
-    metadata: dict[str, Any]
-
-
-def recent_row(row: Any) -> RecentRow:
-    """A memory row (its graph node joined with its record) as a RecentRow."""
-    return RecentRow(
-        key=row.id,
-        timestamp=row.ts,
-        session_id=row.session_id,
-        agent=row.agent,
-        content=row.content,
-        importance=row.importance,
-        tags=list(row.tags or []),
-        metadata=dict(row.meta or {}),
-    )
 
 
 class RecallQueries:
@@ -82,6 +54,9 @@ class RecallQueries:
         before: tuple[str, str] | None = None,
     ) -> list[RecentRow]:
         """Newest AGENT_MEMORY nodes first, keyset-paged by (timestamp, id)."""
+        if self.sqlite:
+            with self._bare() as reads:
+                return reads.recent(limit=limit, session_id=session_id, agent=agent, before=before)
         query = (
             select(
                 graph_nodes.c.id,

@@ -55,6 +55,34 @@ def row_to_record(row: Any) -> StoredRecord:
 
 
 @dataclass(frozen=True)
+class RecentRow:
+    """A memory as recency reads it: its graph node joined with its record."""
+
+    key: str
+    timestamp: str
+    session_id: str | None
+    agent: str | None
+    content: str
+    importance: int
+    tags: list[str]
+    metadata: dict[str, Any]
+
+
+def recent_row(row: Any) -> RecentRow:
+    """A memory row (its graph node joined with its record) as a RecentRow."""
+    return RecentRow(
+        key=row.id,
+        timestamp=row.ts,
+        session_id=row.session_id,
+        agent=row.agent,
+        content=row.content,
+        importance=row.importance,
+        tags=list(row.tags or []),
+        metadata=dict(row.meta or {}),
+    )
+
+
+@dataclass(frozen=True)
 class NewRows:
     """Every row one record's insert writes, as column values (JSON columns unencoded)."""
 

@@ -18,7 +18,7 @@ from typing import Any
 from outbox.core.recall_filter import RecallFilter
 from outbox.core.states import DeliveryState
 from outbox.store.lexical import MATCH_BUDGET, SCAN_FACTOR, Found, LexicalHits, lexical_hits
-from outbox.store.rows import StoredRecord
+from outbox.store.rows import RecentRow, StoredRecord
 from outbox.store.sqlite_writes import READ_COLUMNS, stored_record
 
 # A session's memories just before and just after one of them, by the session index.
@@ -32,6 +32,12 @@ _AFTER = (
 _PLACES = "SELECT id, session_id, ts FROM graph_nodes WHERE id IN (SELECT value FROM json_each(?))"
 _BY_KEYS = (
     f"SELECT {', '.join(READ_COLUMNS)} FROM records WHERE key IN (SELECT value FROM json_each(?))"
+)
+
+
+_RECENT = (
+    "SELECT g.id, g.ts, g.session_id, g.agent, r.content, r.importance, r.tags, r.meta "
+    "FROM graph_nodes g JOIN records r ON r.key = g.id WHERE g.label = 'AGENT_MEMORY'"
 )
 
 
@@ -152,6 +158,40 @@ class SqliteRecallReads:
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
+
+    def recent(
+        self,
+        *,
+        limit: int,
+        session_id: str | None = None,
+        agent: str | None = None,
+        before: tuple[str, str] | None = None,
+    ) -> list[RecentRow]:
+        """Newest memories first, keyset-paged by (timestamp, key): ``before`` is the last
+        row of the previous page."""
+        sql, params = [_RECENT], {"n": limit, "session": session_id, "agent": agent}
+        if session_id is not None:
+            sql.append("AND g.session_id = :session")
+        if agent is not None:
+            sql.append("AND g.agent = :agent")
+        if before is not None:
+            sql.append("AND (g.ts < :ts OR (g.ts = :ts AND g.id < :key))")
+            params.update(ts=before[0], key=before[1])
+        sql.append("ORDER BY g.ts DESC, g.id DESC LIMIT :n")
+        rows = self.conn.execute(" ".join(sql), params).fetchall()
+        return [
+            RecentRow(
+                key=key,
+                timestamp=ts,
+                session_id=session,
+                agent=whose,
+                content=content,
+                importance=importance,
+                tags=list(json.loads(tags) or []),
+                metadata=dict(json.loads(meta) or {}),
+            )
+            for key, ts, session, whose, content, importance, tags, meta in rows
+        ]
 
     def lexical(
         self,

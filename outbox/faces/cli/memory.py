@@ -105,11 +105,33 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_recent(args: argparse.Namespace) -> int:
-    answer = _ask(
-        lambda service: service.query_recent_turns(
-            session_id=args.session, agent=args.agent, limit=args.limit, before=args.before
+    """memory-core's ``query_recent_turns`` as a table; a steady SQLite store is read
+    without the full outbox, as ``search`` reads it (``recall/direct.py``)."""
+    from outbox.core.config import load_settings
+    from outbox.memory_core import parse_cursor, recent_limit, recent_view
+    from outbox.recall.direct import recent
+
+    settings = load_settings()
+    limit = recent_limit(args.limit)
+    rows = (
+        recent(
+            settings,
+            limit=limit,
+            session_id=args.session,
+            agent=args.agent,
+            before=parse_cursor(args.before),
         )
+        if settings.home.is_dir()
+        else None
     )
+    if rows is not None:
+        answer = recent_view(rows, limit)
+    else:
+        answer = _ask(
+            lambda service: service.query_recent_turns(
+                session_id=args.session, agent=args.agent, limit=args.limit, before=args.before
+            )
+        )
     lines = _table(
         answer["turns"],
         f"{'timestamp':<27} {'session':<12}",

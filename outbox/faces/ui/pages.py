@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from outbox.api import Outbox
     from outbox.store.browse import BrowseQueries
     from outbox.store.delivery_reads import DeliveryRow
-    from outbox.store.recall import RecentRow
+    from outbox.store.rows import RecentRow
 
 PAGE = 50  # memories per page, and search results
 SLICES, SLICE_SECONDS = 60, 60.0  # the chart: the last hour, by the minute
