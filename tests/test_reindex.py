@@ -317,3 +317,35 @@ def test_a_forgotten_record_is_neither_embedded_nor_counted_as_a_record(tmp_path
     assert (report["status"], report["records"], report["embedded"]) == ("done", 6, 6)
     assert report["forgotten"] == 1
     assert _collections(settings) == {f"{BASE}.v1": keys - {gone}}
+
+
+def test_a_record_the_new_index_refuses_is_logged_by_key_prefix_never_by_content(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sink's error text may quote the memory it refused: the reindex's warning names the
+    record by key prefix and the reason class; the text goes to debug only."""
+    from outbox.core.naming import key_prefix
+    from outbox.core.record import build_record
+    from outbox.operations.reindex import Reindexer
+    from outbox.sinks.base import Rejected
+
+    class Refusing:
+        """A target refusing every record, quoting it as some libraries do."""
+
+        def deliver(self, batch: list[Any]) -> list[Any]:
+            raise Rejected(f"cannot embed {batch[0].content!r}")
+
+    settings = _settings(tmp_path, "hashing")
+    records = [build_record(f"secret plan number {i}") for i in range(2)]
+    caplog.set_level(logging.DEBUG, "outbox.operations.reindex")
+    with Outbox.open(settings) as ob:
+        reindexer = Reindexer(ob.storage, settings)
+        assert reindexer._deliver(Refusing(), records) == 0  # type: ignore[arg-type]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 2
+    for record, line in zip(records, warnings, strict=True):
+        assert key_prefix(record.key) in line and "(rejected)" in line
+        assert "secret plan" not in line
+    assert any(
+        "secret plan" in r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG
+    )

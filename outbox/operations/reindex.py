@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from outbox.core.config import Settings
 from outbox.core.errors import ConfigError, OutboxError
 from outbox.core.file_lock import exclusive
+from outbox.core.naming import key_prefix
 from outbox.sinks.chroma_index import ActiveIndex, IndexPointer, read_json, write_json_atomically
 
 if TYPE_CHECKING:
@@ -317,7 +318,10 @@ class Reindexer:
         except Permanent as exc:
             if len(batch) > 1:
                 return sum(self._deliver(target, [record]) for record in batch)
-            log.warning("record %s… left out of the new index: %s", batch[0].key[:12], exc)
+            # The reason class only: a sink's error text may quote the memory it refused.
+            key = key_prefix(batch[0].key)
+            log.warning("record %s left out of the new index (%s)", key, exc.reason)
+            log.debug("failure detail for %s: %s", key, exc)
             return 0
         return sum(isinstance(outcome, Delivered) for outcome in outcomes)
 
@@ -332,7 +336,8 @@ class Reindexer:
                 failure = classify(exc)
                 if not failure.transient or attempt >= _ATTEMPTS:
                     raise
-                log.warning("Chroma call failed (%s); trying again", failure.message)
+                log.warning("Chroma call failed (%s); trying again", failure.reason)
+                log.debug("failure detail: %s", failure.message)
                 time.sleep(min(2.0 ** (attempt - 1), 15.0))
         raise AssertionError("unreachable")
 
