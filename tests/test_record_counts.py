@@ -36,6 +36,9 @@ def test_after_a_forget_every_command_counts_the_live_records(tmp_path: Path) ->
     assert text.splitlines()[0] == f"records: {TOTAL - 1} (forgotten: 1)"
     verify = json.loads(_ok(run_cli(["verify", "--json"], cwd=tmp_path, env=env)))
     assert verify["records"] == TOTAL - 1
+    assert verify["forgotten"] == 1
+    said = _ok(run_cli(["verify"], cwd=tmp_path, env=env))
+    assert said.startswith(f"OK: {TOTAL - 1} records (1 forgotten), ")
     recent = json.loads(_ok(run_cli(["recent", "--json"], cwd=tmp_path, env=env)))
     assert len(recent["turns"]) == TOTAL - 1
     exported = _ok(run_cli(["export"], cwd=tmp_path, env=env)).splitlines()

@@ -118,6 +118,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     payload: dict[str, Any] = {
         "ok": report.ok,
         "records": report.records,
+        "forgotten": report.forgotten,
         "jsonl_lines": report.jsonl_lines,
         "markdown_files": report.markdown_files,
         "problems": report.problems,
@@ -130,8 +131,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         }
         payload["restored"] = restored
         lines = _restored_lines(restored)
+    forgotten = f" ({report.forgotten} forgotten)" if report.forgotten else ""
     summary = (
-        f"{'OK' if report.ok else 'MISMATCH'}: {report.records} records, "
+        f"{'OK' if report.ok else 'MISMATCH'}: {report.records} records{forgotten}, "
         f"{report.jsonl_lines} JSONL lines, {report.markdown_files} markdown files"
     )
     emit(args, payload, "\n".join([*lines, summary, *report.problems]))
