@@ -1,7 +1,9 @@
 """A store whose JSONL log names records its database lacks is never quietly treated as empty
 (issue 21, case 13): the database is not written, every write goes to the fallback queue
 (reason ``db_missing``), ``status`` and ``verify`` say what is missing and name `outbox
-rebuild`, and the rebuild brings back every record and every write made meanwhile, once.
+rebuild`, the reads (``search``, ``recent``, ``show``, ``export``, memory-core's queries, the
+dashboard) refuse with the same words instead of answering as if the store were empty, and
+the rebuild brings back every record and every write made meanwhile, once.
 
 Through the real command in child processes, the Python façade and memory-core, on the
 files they leave.
@@ -22,6 +24,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from outbox import Outbox, Settings, load_settings
+from outbox.core.errors import DatabaseLacksRecords
 from outbox.memory_core import MemoryService
 from tests.conftest import FAULTY
 from tests.helpers.checks import jsonl_events
@@ -115,6 +118,17 @@ def test_a_deleted_database_is_refused_until_rebuilt_and_loses_nothing(settings:
     ) in text_status.stdout.decode("utf-8")
     verified = _cli(settings, "verify")
     assert verified.returncode == 1 and b"run `outbox rebuild`" in verified.stdout
+    assert not database.exists()
+    for read in (["search", "memory kept"], ["recent"], ["show", before[0][:12]], ["export"]):
+        done = _cli(settings, *read)  # never an empty answer, as if the store held nothing
+        (line,) = done.stderr.decode("utf-8").splitlines()
+        assert done.returncode == 1 and "run `outbox rebuild`" in line, read
+        assert done.stdout == b"", read
+    with Outbox.open(settings, repair=False) as ob:
+        service = MemoryService(ob)
+        for ask in (lambda: service.query_recent_turns(), lambda: service.query_raw_memories("x")):
+            with pytest.raises(DatabaseLacksRecords):
+                ask()
     assert not database.exists()
 
     rebuilt = _json(settings, "rebuild")

@@ -303,3 +303,22 @@ def test_the_overview_counts_the_records_the_memories_page_lists(ui: UiServer) -
     assert listed == 6
     assert figures["records"] == listed
     assert figures["forgotten"] == 1
+
+
+def test_a_lost_database_is_one_clear_page_and_is_not_created(tmp_path: Path) -> None:
+    """The database deleted while its log names a record: every page says to run `outbox
+    rebuild` (503), never an empty store, and nothing creates an empty database file."""
+    settings = ui_settings(tmp_path)
+    with Outbox.open(settings) as ob:
+        key = ob.add("a memory whose database is then lost").key
+    for leftover in settings.home.glob("outbox.db*"):
+        leftover.unlink()
+    server = start_ui(tmp_path, settings)
+    try:
+        for path in ("/", "/memories", "/memories?q=memory", f"/memories/{key[:12]}", "/dead"):
+            status, _headers, body = server.request("GET", path, headers={"Cookie": server.cookie})
+            assert status == 503, path
+            assert "outbox rebuild" in body and "holds none of the records" in body, path
+    finally:
+        stop_ui(server)
+    assert not list(settings.home.glob("outbox.db*"))

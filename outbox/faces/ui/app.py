@@ -21,7 +21,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from outbox.core.errors import ValidationError
+from outbox.core.errors import DatabaseLacksRecords, ValidationError
 from outbox.faces.ui import pages
 from outbox.faces.ui.access import CSRF_FIELD, Access, AccessMiddleware, see_other
 from outbox.operations.catalog import NoSuchRecord
@@ -73,6 +73,11 @@ class Dashboard:
     def error(self, request: Request, exc: Exception, status: int) -> Response:
         """An unknown or malformed key, or a bad search: one line on a page of its own."""
         return self.render(request, "error.html", {"page": "memories", "message": str(exc)}, status)
+
+    async def lost(self, request: Request, exc: Exception) -> Response:
+        """Any page while the database lacks records its log names: what to run, not an
+        empty store."""
+        return self.error(request, exc, 503)
 
     # -- pages ----------------------------------------------------------------------------
 
@@ -179,7 +184,8 @@ def build_app(ob: Outbox, access: Access) -> Starlette:
             Route("/dead", board.dead),
             Route("/dead/{action:str}", board.dead_action, methods=["POST"]),
             Mount("/static", app=static, name="static"),
-        ]
+        ],
+        exception_handlers={DatabaseLacksRecords: board.lost},
     )
     app.add_middleware(AccessMiddleware, access=access)
     return app
