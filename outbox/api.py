@@ -299,11 +299,20 @@ class Outbox:
         self._check_missing()
         return status_report(self.storage, self.settings, self.missing)
 
-    def refuse_if_missing(self) -> None:
+    def _refuse_if_missing(self) -> None:
         """Raise DatabaseLacksRecords when the database lacks records its log names: a
         reader would otherwise show an empty (or newly created) database as the store."""
         self._check_missing()
         if self.missing is not None:
+            raise self.missing
+
+    def refuse_if_empty(self) -> None:
+        """Raise DatabaseLacksRecords when the database holds none of the records its log
+        names (deleted or emptied): a read would show an empty store as the store. An older
+        copy put back still answers with what it holds (status and verify name the merge;
+        writes wait in the fallback queue)."""
+        self._check_missing()
+        if self.missing is not None and not self.missing.older_copy:
             raise self.missing
 
     def _check_missing(self) -> None:
@@ -331,7 +340,7 @@ class Outbox:
     def drain(self, timeout: float | None = None, **options: Any) -> DrainReport:
         """Deliver what is due to every sink, then return (loads sinks on first use); refused
         while the database lacks records its log names (DatabaseLacksRecords)."""
-        self.refuse_if_missing()
+        self._refuse_if_missing()
         with self.dispatcher(**options) as dispatcher:
             return dispatcher.drain(timeout=timeout)
 
@@ -404,7 +413,7 @@ class Outbox:
         without the rest of ``status``."""
         from outbox.core.states import UNDELIVERED
 
-        self.refuse_if_missing()
+        self._refuse_if_missing()
         counts = self.storage.deliveries.counts()
         return sum(row.get(state, 0) for row in counts.values() for state in UNDELIVERED)
 
@@ -429,8 +438,8 @@ class Outbox:
         """Newest memories first, from the graph each write commits, so a memory is
         recallable as soon as ``add`` returns. ``before`` is the (timestamp, key) of the
         previous page's last row: keyset paging stays stable while writes go on. A database
-        lacking records its log names is an error, never an empty page."""
-        self.refuse_if_missing()
+        holding none of the records its log names is an error, never an empty page."""
+        self.refuse_if_empty()
         return self.storage.recall.recent(
             limit=limit, session_id=session_id, agent=agent, before=before
         )
@@ -500,10 +509,10 @@ class Outbox:
         inclusive, ``until`` exclusive) apply inside each leg's own query. When no hit
         reaches ``min_relevance`` (default 0.30) the answer is empty. An unreachable vector
         index leaves the lexical hits and says so in ``degraded``. Raises ValidationError
-        for an empty query, and DatabaseLacksRecords when the database lacks records its log
-        names (an empty answer would say the store holds nothing).
+        for an empty query, and DatabaseLacksRecords when the database holds none of the
+        records its log names (an empty answer would say the store holds nothing).
         """
-        self.refuse_if_missing()
+        self.refuse_if_empty()
         return self.recaller.recall(
             query,
             limit=limit,

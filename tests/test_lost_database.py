@@ -2,7 +2,8 @@
 (issue 21, case 13): the database is not written, every write goes to the fallback queue
 (reason ``db_missing``), ``status`` and ``verify`` say what is missing and name `outbox
 rebuild`, the reads (``search``, ``recent``, ``show``, ``export``, memory-core's queries, the
-dashboard) refuse with the same words instead of answering as if the store were empty, and
+dashboard) of a deleted database refuse with the same words instead of answering as if the
+store were empty (an older copy answers with what it holds), and
 the rebuild brings back every record and every write made meanwhile, once.
 
 Through the real command in child processes, the Python façade and memory-core, on the
@@ -159,6 +160,7 @@ def test_an_older_copy_put_back_names_the_merge(settings: Settings) -> None:
     assert (status["records"], status["missing"]["log_records"]) == (2, 4)
     assert status["missing"]["run"] == "outbox rebuild --merge"
     assert b"`outbox rebuild --merge`" in _cli(settings, "verify").stdout
+    assert _json(settings, "recent")["count"] == 2  # reads answer with what the copy holds
 
     merged = _json(settings, "rebuild", "--merge")
     assert merged["restored"] == 3 and merged["already_there"] == 2

@@ -52,6 +52,7 @@ class DatabaseLacksRecords(OutboxError):
 
     def __init__(self, database: str, log: str, *, older_copy: bool, gone: bool = False) -> None:
         self.gone = gone  # the SQLite file itself is missing: nothing may create it anew
+        self.older_copy = older_copy  # it holds records of this machine, not the newest
         self.command = "outbox rebuild --merge" if older_copy else "outbox rebuild"
         lacks = "lacks the newest records" if older_copy else "holds none of the records"
         super().__init__(

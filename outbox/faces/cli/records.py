@@ -17,7 +17,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     from outbox.operations.catalog import NoSuchRecord
 
     with open_outbox(repair=False) as ob:
-        ob.refuse_if_missing()  # "no such record" would be untrue of a lost database
+        ob.refuse_if_empty()  # "no such record" would be untrue of a lost database
         try:
             view = ob.catalog.show(args.key)
         except NoSuchRecord as exc:
@@ -56,7 +56,7 @@ def _progress(count: int) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     with open_outbox(repair=False) as ob:
-        ob.refuse_if_missing()  # an empty export would be untrue of a lost database
+        ob.refuse_if_empty()  # an empty export would be untrue of a lost database
         if args.format == "markdown":
             if args.dest is None:
                 return fail("DEST: name the folder to export markdown files into", 2)

@@ -56,7 +56,7 @@ def overview(ob: Outbox, now: float | None = None) -> dict[str, Any]:
     The status report and the chart each read about every delivery row's index entry;
     they run side by side (each on its own connection, SQLite letting go of the GIL).
     """
-    ob.refuse_if_missing()  # an empty board would be untrue of a lost database
+    ob.refuse_if_empty()  # an empty board would be untrue of a lost database
     now = time.time() if now is None else now
     since = now - SLICES * SLICE_SECONDS
     sink_names = list(dict.fromkeys(ob.settings.sinks))
@@ -174,7 +174,7 @@ def snippet(text: str, width: int = SNIPPET) -> str:
 
 def memories(ob: Outbox, filters: Filters) -> dict[str, Any]:
     """A page of memories: recall's answer to ``q``, else the newest under the filters."""
-    ob.refuse_if_missing()
+    ob.refuse_if_empty()
     if filters.q:
         answer = ob.recall(
             filters.q,
@@ -277,7 +277,7 @@ def memory(ob: Outbox, prefix: str) -> MemoryPage:
     Built like ``Catalog.show`` from the façade's reads, with the log lines found by
     ``log_lines`` rather than by parsing the whole log.
     """
-    ob.refuse_if_missing()
+    ob.refuse_if_empty()
     from outbox.operations.catalog import NoSuchRecord
 
     key = ob.catalog.resolve(prefix)
@@ -325,7 +325,7 @@ class DeadRow:
 
 def dead_letters(ob: Outbox, sink: str | None = None) -> dict[str, Any]:
     """The dead letters, oldest first, each with the start of its memory."""
-    ob.refuse_if_missing()
+    ob.refuse_if_empty()
     found = ob.dead.list(sink=sink, limit=DEAD_SHOWN)
     records = ob.get_records({row.key for row in found})
     rows = [
