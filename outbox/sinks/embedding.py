@@ -21,7 +21,7 @@ import importlib.util
 import os
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
@@ -211,10 +211,22 @@ class MiniLMEmbedding(_BuiltinEmbedding):
         lengths (the benchmark passes other cuts to find the machine's best)."""
         import numpy as np
 
+        vectors: list[Vector] = [np.empty(0, dtype=np.float32)] * len(texts)
+        for run, pooled in self.runs(texts, cut):
+            for row, i in enumerate(run):
+                vectors[i] = pooled[row]
+        return vectors
+
+    def runs(
+        self, texts: list[str], cut: RunCutter = cut_runs
+    ) -> Iterator[tuple[list[int], list[Vector]]]:
+        """Each model run as it finishes: the indices of its texts and their vectors. A
+        caller can store one run's vectors while the next is computed."""
+        import numpy as np
+
         encodings = self._tokenizer.encode_batch(texts)
         order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
         lengths = [len(encodings[i].ids) for i in order]
-        vectors: list[Vector] = [np.empty(0, dtype=np.float32)] * len(texts)
         for begin, end in cut(lengths):
             run = order[begin:end]
             width = max(1, lengths[end - 1])
@@ -229,9 +241,7 @@ class MiniLMEmbedding(_BuiltinEmbedding):
             weights = mask[..., None].astype(np.float32)
             pooled = (hidden[0] * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1.0)
             pooled /= np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
-            for row, i in enumerate(run):
-                vectors[i] = pooled[row].astype(np.float32)
-        return vectors
+            yield run, [row.astype(np.float32) for row in pooled]
 
     @staticmethod
     def name() -> str:
