@@ -23,13 +23,16 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks.common import bench_settings, head_commit, load_average, open_outbox, write_result
 from benchmarks.drain import drain_run
 from benchmarks.recall import DEFAULT_LOCOMO, conversation_turns, load
 from outbox.core.config import Settings
-from outbox.sinks.embedding import MiniLMEmbedding, Vector
+from outbox.sinks.embedding import MiniLMEmbedding
+
+if TYPE_CHECKING:
+    from outbox.sinks.embedding import Vector
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results" / "embed-drain.json"
