@@ -32,7 +32,7 @@ from benchmarks.common import (
     open_outbox,
     write_result,
 )
-from benchmarks.writepath import _FLOOR_ROWS
+from benchmarks.writepath import _FLOOR_ROWS, same_work_floor
 from outbox.core.keys import canonical_timestamp
 from outbox.store.sqlite_writes import sqlite_path
 
@@ -51,15 +51,6 @@ INDEXES = {
     "ix_deliveries_sink_state_created": "the oldest undelivered row per sink (visibility)",
     "ix_deliveries_mirror_pending": "outcomes still to mirror (partial: empty for a write)",
 }
-_SAME_WORK_SCHEMA = (
-    "CREATE TABLE node (id TEXT PRIMARY KEY, label TEXT NOT NULL, ts TEXT NOT NULL,"
-    " properties TEXT NOT NULL)",
-    "CREATE TABLE outbox (id INTEGER PRIMARY KEY, node_id TEXT NOT NULL, sink TEXT NOT NULL,"
-    " state TEXT NOT NULL, created_at REAL NOT NULL)",
-    # The outbox's own tokenizer (stemming for recall): the same work, not a cheaper index.
-    "CREATE VIRTUAL TABLE node_fts USING fts5("
-    "content, tokenize='porter unicode61 remove_diacritics 2')",
-)
 
 
 def _connect(path: Path, synchronous: str) -> sqlite3.Connection:
@@ -102,33 +93,6 @@ def floor_without(
             conn.execute(edge_sql, (key,))
         if skip != "deliveries":
             conn.execute(delivery_sql, (key, NOOP_SINK, now, now, now))
-        conn.execute("COMMIT")
-
-    return call
-
-
-def same_work_floor(folder: Path, synchronous: str, texts: list[str]) -> Callable[[int], None]:
-    """Issue 24's floor: a node row, an outbox row and an FTS5 entry, one transaction."""
-    folder.mkdir(parents=True, exist_ok=True)
-    conn = _connect(folder / "same-work.db", synchronous)
-    for statement in _SAME_WORK_SCHEMA:
-        conn.execute(statement)
-
-    def call(number: int) -> None:
-        content = f"{number} {texts[number % len(texts)]}"
-        ts = canonical_timestamp()
-        key = hashlib.sha256(content.encode() + b"\n" + ts.encode()).hexdigest()
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute(
-            "INSERT INTO node (id, label, ts, properties) VALUES (?, 'AGENT_MEMORY', ?, ?)",
-            (key, ts, json.dumps({"timestamp": ts, "importance": 7})),
-        )
-        (rowid,) = conn.execute(
-            "INSERT INTO outbox (node_id, sink, state, created_at) VALUES (?, ?, 'pending', ?)"
-            " RETURNING id",
-            (key, NOOP_SINK, time.time()),
-        ).fetchone()
-        conn.execute("INSERT INTO node_fts (rowid, content) VALUES (?, ?)", (rowid, content))
         conn.execute("COMMIT")
 
     return call
