@@ -3,11 +3,12 @@
     .venv/bin/python -m benchmarks.compare            # the full run (about 19 minutes)
     .venv/bin/python -m benchmarks.compare --quick    # a smoke run (under 3 minutes)
 
-Sections (``--only write,threads,inline,backfill,drain,scale,rss,startup`` runs a subset): the
+Sections (``--only write,threads,inline,backfill,drain,embed,scale,rss,startup`` runs a subset): the
 write path against the bare-SQLite floors and two SQLite queues at FULL and NORMAL; the same
 with 1, 4 and 8 writer threads in one process (group commit); the inline embed +
 ``collection.add`` path; ``add`` latency while a dispatcher process drains a backlog into
-embedded Chroma; drain throughput per sink with 1 and 2 dispatcher processes; ``add`` and
+embedded Chroma; drain throughput per sink with 1 and 2 dispatcher processes; the Chroma
+drain of LoCoMo turns beside the embedder's own best throughput on them; ``add`` and
 claim cost at growing outbox sizes; peak RSS of a dispatcher draining a big backlog; the
 command line's start beside the interpreter's.
 Prints tables and ratios, writes them to ``benchmarks/results/latest.json`` (and the
@@ -34,11 +35,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from benchmarks import drain, plots, scale, startup, threads, writepath
+from benchmarks import drain, embed_drain, plots, scale, startup, threads, writepath
 from benchmarks.common import NOOP_SINK, bench_settings, load_average, percentile, summarize
 
 REPO = Path(__file__).resolve().parent.parent
-SECTIONS = ("write", "threads", "inline", "backfill", "drain", "scale", "rss", "startup")
+SECTIONS = ("write", "threads", "inline", "backfill", "drain", "embed", "scale", "rss", "startup")
 
 FULL_PLAN: dict[str, Any] = {
     "write_calls": 2000,
@@ -54,6 +55,8 @@ FULL_PLAN: dict[str, Any] = {
     "drain_noop_records": 20_000,
     "drain_chroma_records": 2000,
     "drain_brainlayer_records": 1500,
+    "embed_turns": 768,
+    "embed_rounds": 2,
     "scale_sizes": [10_000, 100_000, 1_000_000],
     "scale_adds": 500,
     "scale_claims": 50,
@@ -76,6 +79,8 @@ QUICK_PLAN: dict[str, Any] = {
     "drain_noop_records": 1000,
     "drain_chroma_records": 150,
     "drain_brainlayer_records": 100,
+    "embed_turns": 192,
+    "embed_rounds": 1,
     "scale_sizes": [1000, 10_000],
     "scale_adds": 100,
     "scale_claims": 10,
@@ -90,6 +95,7 @@ RAW_CHROMADB = "chromadb embed + upsert"
 # The goals, checked on this run's figures: issue 14's where it set one, issue 6's otherwise.
 GOAL_FLOOR_RATIO = 1.3
 GOAL_MISSION_FLOOR_RATIO = 2.0
+GOAL_SAME_WORK_RATIO = 1.5  # issue 24
 GOAL_BACKFILL_P99_RATIO = 2.0
 GOAL_MIRROR_LAG_P99_MS = 20.0
 GOAL_START_MS = 150.0
@@ -332,6 +338,15 @@ def section_drain(folder: Path, plan: dict[str, Any]) -> dict[str, Any]:
     return {"runs": runs, "share": share, "raw": raw}
 
 
+def section_embed(folder: Path, plan: dict[str, Any]) -> dict[str, Any]:
+    """The Chroma drain of LoCoMo turns beside the embedder's best cut on them (issue 24)."""
+    from benchmarks.recall import DEFAULT_LOCOMO
+
+    if not DEFAULT_LOCOMO.exists():
+        return {"skipped": f"no LoCoMo file at {DEFAULT_LOCOMO}"}
+    return embed_drain.run(folder, DEFAULT_LOCOMO, plan["embed_turns"], plan["embed_rounds"], None)
+
+
 def section_scale(folder: Path, plan: dict[str, Any]) -> list[dict[str, Any]]:
     return scale.run(
         folder,
@@ -363,6 +378,7 @@ RUNNERS: dict[str, Callable[[Path, dict[str, Any]], Any]] = {
     "inline": section_inline,
     "backfill": section_backfill,
     "drain": section_drain,
+    "embed": section_embed,
     "scale": section_scale,
     "rss": section_rss,
     "startup": section_startup,
@@ -409,6 +425,15 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
             ratio <= GOAL_MISSION_FLOOR_RATIO,
             "bare sqlite3, WAL, two small tables",
         )
+        if "same-work floor" in full:
+            ratio = _ratio(full["add"]["median_us"], full["same-work floor"]["median_us"])
+            goal(
+                "add median / same-work floor: node row + outbox row + FTS entry (FULL)",
+                ratio,
+                GOAL_SAME_WORK_RATIO,
+                ratio <= GOAL_SAME_WORK_RATIO,
+                "issue 24: bare sqlite3, WAL, the outbox's FTS tokenizer",
+            )
         throughput(full, "", "writes per second, one per call, back to back")
     overlapping = results.get("threads")
     if overlapping:
@@ -484,6 +509,16 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
             chroma["overhead"] <= GOAL_DISPATCHER_OVERHEAD,
             f"{chroma['dispatcher_ms_per_record']:.2f} ms against "
             f"{chroma['sink_ms_per_record']:.2f} ms per record, one in-process drain",
+        )
+    embedded = results.get("embed")
+    if embedded and "ratio" in embedded:
+        goal(
+            "Chroma drain / the embedder's best, same LoCoMo turns",
+            embedded["ratio"],
+            embed_drain.GOAL,
+            embedded["met"],
+            f"{embedded['drain_per_s']['after']:.1f} against {embedded['best_per_s']:.1f} "
+            f"texts/s ({embedded['best_cut']}), nice {embedded['nice']}",
         )
     sizes = results.get("scale")
     if sizes and len(sizes) > 1:
@@ -634,6 +669,22 @@ def report(results: dict[str, Any]) -> str:
                 f"| {name} | {value['records']:,} | {value['per_s']:,.0f} | "
                 f"{value['sink_ms_per_record']:.3f} | {value['dispatcher_ms_per_record']:.3f} | "
                 f"{ratio} |"
+            )
+    embedded = results.get("embed")
+    if embedded and "ratio" in embedded:
+        lines += [
+            f"\n### The Chroma drain beside the embedder ({embedded['texts']} LoCoMo turns, "
+            f"batches of {embedded['batch']}, nice {embedded['nice']}, "
+            f"{embedded['rounds']} alternating rounds)\n",
+            "| what | texts/s | / the embedder's best |",
+            "|---|---:|---:|",
+        ]
+        best = embedded["best_per_s"]
+        for name, rate in embedded["embedder_per_s"].items():
+            lines.append(f"| embedder alone, {name} | {rate:.1f} | {rate / best:.2f}x |")
+        for name, rate in embedded["drain_per_s"].items():
+            lines.append(
+                f"| `outbox run` into Chroma, embedder {name} | {rate:.1f} | {rate / best:.2f}x |"
             )
     sizes = results.get("scale")
     if sizes:

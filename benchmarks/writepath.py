@@ -104,6 +104,46 @@ def mission_floor_writer(folder: Path, synchronous: str, texts: list[str]) -> Ca
     return call
 
 
+_SAME_WORK_SCHEMA = (
+    "CREATE TABLE node (id TEXT PRIMARY KEY, label TEXT NOT NULL, ts TEXT NOT NULL,"
+    " properties TEXT NOT NULL)",
+    "CREATE TABLE outbox (id INTEGER PRIMARY KEY, node_id TEXT NOT NULL, sink TEXT NOT NULL,"
+    " state TEXT NOT NULL, created_at REAL NOT NULL)",
+    # The outbox's own tokenizer (stemming for recall): the same work, not a cheaper index.
+    "CREATE VIRTUAL TABLE node_fts USING fts5("
+    "content, tokenize='porter unicode61 remove_diacritics 2')",
+)
+
+
+def same_work_floor(folder: Path, synchronous: str, texts: list[str]) -> Callable[[int], None]:
+    """Issue 24's floor: a node row, an outbox row and an FTS5 entry, one transaction."""
+    folder.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(folder / "same-work.db", isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={synchronous}")
+    for statement in _SAME_WORK_SCHEMA:
+        conn.execute(statement)
+
+    def call(number: int) -> None:
+        content = f"{number} {texts[number % len(texts)]}"
+        ts = canonical_timestamp()
+        key = hashlib.sha256(content.encode() + b"\n" + ts.encode()).hexdigest()
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(
+            "INSERT INTO node (id, label, ts, properties) VALUES (?, 'AGENT_MEMORY', ?, ?)",
+            (key, ts, json.dumps({"timestamp": ts, "importance": 7})),
+        )
+        (rowid,) = conn.execute(
+            "INSERT INTO outbox (node_id, sink, state, created_at) VALUES (?, ?, 'pending', ?)"
+            " RETURNING id",
+            (key, NOOP_SINK, time.time()),
+        ).fetchone()
+        conn.execute("INSERT INTO node_fts (rowid, content) VALUES (?, ?)", (rowid, content))
+        conn.execute("COMMIT")
+
+    return call
+
+
 def floor_writer(
     folder: Path, synchronous: str, texts: list[str], per_call: int
 ) -> Callable[[int], None]:
@@ -193,6 +233,7 @@ def run(
         {
             "floor": floor_writer(folder / "floor", synchronous, texts, 1),
             "mission floor": mission_floor_writer(folder / "mission", synchronous, texts),
+            "same-work floor": same_work_floor(folder / "same-work", synchronous, texts),
             "add": add,
             "persist-queue put": pq_put,
             "litequeue put": lq_put,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -128,3 +129,48 @@ def test_other_front_matter_still_goes_through_the_dumper() -> None:
     assert markdown.render(matter, b"x") == (
         markdown.FENCE + dumped(matter).encode() + markdown.FENCE + b"x"
     )
+
+
+def loaded(text: str) -> Any:
+    return yaml.load(text, Loader=markdown._BaseLoader)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.one_of(matters, simple_matters))
+def test_front_matter_read_directly_is_what_the_loader_reads(matter: dict[str, Any]) -> None:
+    """Whatever the writer makes of any front matter, the direct reader either declines it
+    or reads exactly what the safe loader reads (types included)."""
+    text = markdown.render(matter, b"").split(markdown.FENCE)[1].decode()
+    read = markdown._simple_matter(text)
+    if read is not None:
+        expected = loaded(text)
+        assert read == expected
+        assert [type(v) for v in read.values()] == [type(v) for v in expected.values()]
+
+
+def test_a_records_front_matter_is_read_directly() -> None:
+    record = build_record("a memory", tags=["decision", "true"], importance=7)
+    matter = initial(record, ["chroma", "outbox.testing.sinks:NoopSink"])
+    matter["sink_ids"] = {"chroma": record.key, "outbox.testing.sinks:NoopSink": record.key}
+    text = markdown.render(matter, b"").split(markdown.FENCE)[1].decode()
+    assert markdown._simple_matter(text) == loaded(text) == matter
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a: yes\n",  # YAML 1.1 reads a boolean
+        "true: x\n",  # a key YAML reads as a boolean
+        "a: 017\n",  # an octal number
+        "a: 1_000\n",
+        "a: b # note\n",
+        "a: [b, ]\n",
+        "a: {b: c: d}\n",
+        "a: b\r\n",
+        "  a: b\n",
+        "a: b",
+        "{a: 1}\n",
+    ],
+)
+def test_anything_else_is_left_to_the_loader(text: str) -> None:
+    assert markdown._simple_matter(text) is None

@@ -145,6 +145,72 @@ def _simple_front_matter(matter: Mapping[str, Any]) -> str | None:
     return "".join(lines) or None
 
 
+# A line of simple front matter as ``_simple_front_matter`` writes it: a plain key, then a
+# value; a value the reader below cannot settle exactly sends the whole text to YAML.
+_MATTER_LINE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*):(?: (.*))?")
+_QUOTED = re.compile(r"'([A-Za-z0-9][A-Za-z0-9_.\-]*(?::[A-Za-z0-9_.\-]+)*)'")
+_DECIMAL = re.compile(r"0|-?[1-9][0-9]*")
+_BOOLEANS = {"true": True, "false": False}
+
+
+class _NotSimple(Exception):
+    """The text is outside the grammar the direct reader settles; YAML reads it."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _plain_tag(text: str) -> str:
+    return _resolve(yaml.ScalarNode, text, (True, False))
+
+
+def _read_string(text: str, *, flow: bool) -> str:
+    """A string item as the writer leaves it: single-quoted, or plain when it reads back
+    as a string (in a flow collection, without ":")."""
+    quoted = _QUOTED.fullmatch(text)
+    if quoted:
+        return quoted.group(1)
+    if _HEX_KEY.fullmatch(text) and _NOT_A_NUMBER.search(text):
+        return text
+    if not _SIMPLE.fullmatch(text) or (flow and ":" in text) or _plain_tag(text) != _STR_TAG:
+        raise _NotSimple
+    return text
+
+
+def _read_value(text: str) -> Any:
+    if not text:
+        return None
+    if text in _BOOLEANS:
+        return _BOOLEANS[text]
+    if _DECIMAL.fullmatch(text):
+        return int(text)
+    if text[0] == "[" and text[-1] == "]":
+        inner = text[1:-1]
+        return [_read_string(item, flow=True) for item in inner.split(", ")] if inner else []
+    if text[0] == "{" and text[-1] == "}":
+        pairs = [pair.split(": ") for pair in text[1:-1].split(", ")] if text[1:-1] else []
+        if any(len(pair) != 2 for pair in pairs):
+            raise _NotSimple
+        return {_read_string(k, flow=True): _read_string(v, flow=True) for k, v in pairs}
+    return _read_string(text, flow=False)
+
+
+def _simple_matter(text: str) -> dict[str, Any] | None:
+    """What the safe loader reads from front matter ``_simple_front_matter`` wrote, read
+    directly (its constructors were a large part of each delivery's front-matter update);
+    None for anything else. tests/test_markdown_fast.py checks it against the loader."""
+    if not text.endswith("\n"):
+        return None
+    matter: dict[str, Any] = {}
+    try:
+        for line in text[:-1].split("\n"):
+            found = _MATTER_LINE.fullmatch(line)
+            if found is None or _plain_tag(found.group(1)) != _STR_TAG:
+                return None
+            matter[found.group(1)] = _read_value(found.group(2) or "")
+    except _NotSimple:
+        return None
+    return matter or None
+
+
 def parse(data: bytes) -> tuple[dict[str, Any], bytes]:
     """Split a file into (front matter, body bytes). The body is everything after the
     closing ``---`` line, untouched."""
@@ -160,7 +226,10 @@ def parse(data: bytes) -> tuple[dict[str, Any], bytes]:
             break
         pos = end + 1
     try:
-        loaded = yaml.load(data[start:pos].decode("utf-8"), Loader=_BaseLoader)
+        text = data[start:pos].decode("utf-8")
+        loaded = _simple_matter(text)
+        if loaded is None:
+            loaded = yaml.load(text, Loader=_BaseLoader)
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise MalformedMarkdown(
             f"front matter is not valid YAML ({exc.__class__.__name__})"

@@ -15,6 +15,7 @@ chromadb's and httpx's exceptions); the sink's own troubles keep their own class
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -48,6 +49,9 @@ log = logging.getLogger(__name__)
 
 # In the Chroma folder while a purge of deleted documents' copies is owed.
 PURGE_OWED = "outbox-purge-owed"
+# Records per upsert while the next model run embeds: small enough that Chroma's write of one
+# piece overlaps the model's next run, large enough that its fixed cost per call stays small.
+_UPSERT_PIECE = 16
 
 
 @runtime_checkable
@@ -273,32 +277,33 @@ class ChromaSink:
                 todo.append(record)
             else:
                 outcomes[record.key] = Rejected("the content has no visible character to embed")
-        ready = self._embedded(todo, outcomes)
-        for start in range(0, len(ready), step):
-            self._upsert(ready[start : start + step])
-            for record, _ in ready[start : start + step]:
-                outcomes[record.key] = Delivered(record.key)
+        with _Upserts(self, min(step, _UPSERT_PIECE)) as upserts:
+            for piece in self._embedded(todo, outcomes):
+                upserts.add(piece)
+        for record in upserts.stored:
+            outcomes[record.key] = Delivered(record.key)
         return outcomes
 
     def _embedded(
         self, todo: list[Record], outcomes: dict[str, Outcome]
-    ) -> list[tuple[Record, Sequence[float]]]:
-        """Each record with its vector; a record whose vector is unusable is rejected."""
+    ) -> Iterator[list[tuple[Record, Sequence[float]]]]:
+        """Records with their vectors, a model run at a time when the embedder gives them so
+        (all at once otherwise); a record whose vector is unusable is rejected."""
         if not todo:
-            return []
-        vectors = self.embedder()([record.content for record in todo])
-        if len(vectors) != len(todo):
-            raise RuntimeError(
-                f"the embedding function gave {len(vectors)} vectors for {len(todo)} texts"
-            )
-        ready: list[tuple[Record, Sequence[float]]] = []
-        for record, vector in zip(todo, vectors, strict=True):
-            problem = vector_problem(vector)
-            if problem:
-                outcomes[record.key] = Rejected(problem)
-            else:
-                ready.append((record, vector))
-        return ready
+            return
+        embedder = self.embedder()
+        texts = [record.content for record in todo]
+        runs = getattr(embedder, "runs", None)
+        pieces = runs(texts) if callable(runs) else [(range(len(texts)), _all(embedder, texts))]
+        for indices, vectors in pieces:
+            ready: list[tuple[Record, Sequence[float]]] = []
+            for i, vector in zip(indices, vectors, strict=True):
+                problem = vector_problem(vector)
+                if problem:
+                    outcomes[todo[i].key] = Rejected(problem)
+                else:
+                    ready.append((todo[i], vector))
+            yield ready
 
     def _upsert(self, chunk: list[tuple[Record, Sequence[float]]]) -> None:
         import numpy as np
@@ -443,3 +448,69 @@ class ChromaSink:
             self._checked = {}
         if backend is not None:
             backend.close()
+
+
+def _all(embedder: Embedder, texts: list[str]) -> Sequence[Any]:
+    """Every vector from an embedder that gives them all at once, checked for count."""
+    vectors = embedder(texts)
+    if len(vectors) != len(texts):
+        raise RuntimeError(
+            f"the embedding function gave {len(vectors)} vectors for {len(texts)} texts"
+        )
+    return vectors
+
+
+class _Upserts:
+    """Upserts in a thread of their own, in pieces, while the caller embeds the next run:
+    Chroma's write (in the server, on another core) and the model's work overlap. Leaving
+    the block waits for every piece and raises the first failure; ``stored`` then lists the
+    records written."""
+
+    def __init__(self, sink: ChromaSink, piece: int) -> None:
+        self.sink, self.piece = sink, piece
+        self.active = sink.active_index()  # the one the delivering call holds
+        self.waiting: list[tuple[Record, Sequence[float]]] = []
+        self.stored: list[Record] = []
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._sent: list[concurrent.futures.Future[list[Record]]] = []
+
+    def add(self, ready: list[tuple[Record, Sequence[float]]]) -> None:
+        self.waiting.extend(ready)
+        while len(self.waiting) >= self.piece:
+            self._send(self.waiting[: self.piece])
+            del self.waiting[: self.piece]
+
+    def _send(self, chunk: list[tuple[Record, Sequence[float]]]) -> None:
+        failed = next((f for f in self._sent if f.done() and f.exception()), None)
+        if failed is not None:
+            failed.result()  # an earlier piece failed: stop embedding, report it
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="outbox-chroma-upsert"
+            )
+        self._sent.append(self._pool.submit(self._write, chunk))
+
+    def _write(self, chunk: list[tuple[Record, Sequence[float]]]) -> list[Record]:
+        self.sink._held.active = self.active  # this thread's calls use the caller's index
+        try:
+            self.sink._upsert(chunk)
+        finally:
+            self.sink._held.active = None
+        return [record for record, _ in chunk]
+
+    def __enter__(self) -> _Upserts:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is None and self.waiting:
+            self._send(self.waiting)
+            self.waiting = []
+        try:
+            for future in self._sent:  # all of them, even after a failure: none left running
+                concurrent.futures.wait([future])
+            if kind is None:
+                for future in self._sent:
+                    self.stored.extend(future.result())
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)

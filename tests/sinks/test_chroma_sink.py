@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -271,5 +272,53 @@ def test_metadata_is_mapped_to_what_chroma_accepts(tmp_path: Path) -> None:
             got = client.get_collection(settings.chroma_collection).get(ids=[record.key])
         assert got["metadatas"][0] == expected
         assert got["documents"][0] == record.content
+    finally:
+        sink.close()
+
+
+def test_a_batch_is_upserted_in_pieces_while_it_embeds(tmp_path: Path) -> None:
+    """More records than one upsert piece, of many lengths, with an invisible one and a
+    repeated key among them: every visible record is delivered once, each under the vector
+    the model gives it alone (its own text is its nearest neighbour)."""
+    from outbox.sinks import chroma
+
+    words = ["memory", "outbox", "ledger", "river", "lantern", "orchard", "violin", "granite"]
+    texts = [" ".join(words[i % 8 :] + words[: i % 8]) * (1 + i % 5) for i in range(3 * 16 + 5)]
+    records = [build_record(f"note {i}: {text}") for i, text in enumerate(texts)]
+    batch = [*records, build_record(INVISIBLE), records[0]]
+    assert len(records) > 3 * chroma._UPSERT_PIECE
+    sink = ChromaSink.from_settings(chroma_settings(tmp_path))
+    try:
+        outcomes = sink.deliver(batch)
+        assert [type(o) for o in outcomes[: len(records)]] == [Delivered] * len(records)
+        assert not isinstance(outcomes[len(records)], Delivered)
+        assert sink.count() == len(records)
+        for record in records[::7]:
+            hits = sink.search(record.content, n_results=1)
+            assert hits.ids == [record.key]
+            assert hits.distances[0] < 1e-3
+    finally:
+        sink.close()
+
+
+def test_a_failed_piece_fails_the_whole_batch(tmp_path: Path) -> None:
+    """One piece's upsert fails (injected): the call raises instead of reporting the rest
+    delivered, so the dispatcher retries the whole batch (upserts repeat safely)."""
+    records = [build_record(f"note {i}: {'words ' * (1 + i % 9)}") for i in range(40)]
+    sink = ChromaSink.from_settings(chroma_settings(tmp_path))
+    written = sink._upsert
+    calls: list[int] = []
+
+    def second_fails(chunk: list[Any]) -> None:
+        calls.append(len(chunk))
+        if len(calls) == 2:
+            raise OSError("injected: the store's disk went away")
+        written(chunk)
+
+    sink._upsert = second_fails  # type: ignore[method-assign]
+    try:
+        with pytest.raises(OSError, match="injected"):
+            sink.deliver(records)
+        assert len(calls) >= 2
     finally:
         sink.close()
