@@ -37,6 +37,7 @@ from typing import Any
 
 from benchmarks.bulk import BULK_ORIGIN, bulk_insert
 from benchmarks.common import bench_settings, open_outbox, percentile
+from benchmarks.paraphrase import absolute_only
 from outbox.core.recall_filter import RecallFilter
 from outbox.memory_core import MemoryService
 from outbox.recall import service as recall_service
@@ -206,6 +207,13 @@ def fused(service: MemoryService, question: Question, floor: float | None = 0.0)
     return [row["id"] for row in answer["results"]]
 
 
+def absolute(service: MemoryService, question: Question) -> list[str]:
+    """The default recall with the vector leg's relevance read from distance alone (no
+    background): relevance as it was before issue 23, in the same run."""
+    with absolute_only():
+        return fused(service, question, None)
+
+
 def by_conversation(ranked: Sequence[Sequence[str]], asked: Sequence[Question]) -> dict[str, float]:
     """hit@10 within each conversation: a change that helps only one of them is a fit to it."""
     sessions = sorted({question.session for question in asked})
@@ -230,6 +238,7 @@ def evaluate(
         "bm25 baseline": lambda q: baseline.search(q.text, q.session),
     }
     if embedded:
+        runs["fused, default min_relevance, absolute relevance"] = lambda q: absolute(service, q)
         runs["vector leg"] = lambda q: vector_leg(service, q)
         runs["naive rrf baseline"] = lambda q: [
             k for k, _ in rrf([baseline.search(q.text, q.session), vector_leg(service, q)])
