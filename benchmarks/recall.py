@@ -260,12 +260,16 @@ PREVIOUS: dict[str, Any] = {
     "reach": 1,
     "context_share": 0.3,
     "dates": False,
+    "background": False,
+    "lead_weight": 0.0,
 }
 PARTS: dict[str, tuple[str, ...]] = {
     "query stop words": ("stop_words",),
     "coverage in the score (0.2)": ("coverage_weight",),
     "context: 2 turns each way, share 0.5": ("reach", "context_share"),
     "dates named in the query": ("dates",),
+    "relevance against the background": ("background",),
+    "the nearest meaning's lead (issue 23)": ("lead_weight",),
 }
 
 
@@ -276,6 +280,7 @@ def current() -> dict[str, Any]:
         "stop_words": True,
         "reach": CONTEXT_REACH,
         "dates": True,
+        "background": True,
         **{name: getattr(fusion, name) for name in PREVIOUS if hasattr(fusion, name)},
     }
 
@@ -302,6 +307,8 @@ def configured(parts: dict[str, Any]) -> Iterator[None]:
         changes.append((store_recall, "match_terms", all_words))
     if not parts["dates"]:  # neither the date bonus nor the date's words held
         changes.append((recall_service, "named_dates", lambda query: []))
+    if not parts["background"]:  # the vector leg's relevance from distance alone
+        changes.append((recall_service, "background", lambda distances: None))
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in changes]
     for owner, name, value in changes:
         setattr(owner, name, value)
@@ -404,6 +411,15 @@ def embed_filler(service: MemoryService, db: Path, chunk: int = 2_000, seed: int
     return time.perf_counter() - began
 
 
+def index_bytes(service: MemoryService) -> dict[str, int]:
+    """Bytes on disk of the store (SQLite with its lexical index) and of Chroma's folder."""
+    settings = service.outbox.settings
+    db = sqlite_path(settings.db_url)
+    store = sum(p.stat().st_size for p in db.parent.glob(db.name + "*")) if db else 0
+    chroma = sum(p.stat().st_size for p in settings.chroma_path.rglob("*") if p.is_file())
+    return {"sqlite": store, "chroma": chroma}
+
+
 def run(path: Path, filler: int, ablate: bool) -> dict[str, Any]:
     data = load(path)
     with tempfile.TemporaryDirectory(prefix="recall-bench-") as folder:
@@ -436,6 +452,7 @@ def measure(
     report = service.outbox.drain()
     result["drain_s"] = round(time.perf_counter() - began, 1)
     result["drained"] = str(report)[:200]
+    result["index_bytes_dataset"] = index_bytes(service)
     result["after_drain"] = evaluate(service, asked, baseline, embedded=True)
     if ablate:
         result["ablation"] = ablation(service, asked)
@@ -452,6 +469,7 @@ def measure(
         result["filler_vectors_s"] = round(embed_filler(service, db), 1)
         result["filler"] = filler
         result["vectors"] = service.outbox.recaller.vector_index().count()
+        result["index_bytes_filler"] = index_bytes(service)
         result["latency_filler"] = latency(service, asked, session=True)
         result["latency_filler_no_session"] = latency(service, asked, session=False)
     return result

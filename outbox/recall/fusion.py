@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -21,9 +22,9 @@ _SUFFIXES = ("ations", "ation", "ingly", "ings", "edly", "ing", "ies", "ied", "e
 # Cosine distances of the offline MiniLM: at or below FULL a hit reads as a sure match, at
 # or above NONE as unrelated whatever else the store holds (docs/memory-core.md).
 DISTANCE_FULL, DISTANCE_NONE = 0.30, 0.75
-# The query's background in the vector leg: the distance of its 20th-nearest memory (its
-# farthest, when the leg returns fewer), what memories that do not answer it sit at. Fewer
-# than BACKGROUND_MIN hits say too little about the rest of the store to calibrate against.
+# The query's background in the vector leg: the median distance of the memories ranked 2nd
+# to 20th, where memories that do not answer it sit (a median, so one far outlier in a small
+# store does not move it). Fewer than BACKGROUND_MIN hits say too little to calibrate.
 BACKGROUND_RANK, BACKGROUND_MIN = 20, 5
 # The default ``min_relevance``, chosen on the development split (docs/memory-core.md), and
 # the share of it the hits below a query's answering hit must still reach.
@@ -80,11 +81,11 @@ class TermWeights:
 
 
 def background(distances: Sequence[float]) -> float | None:
-    """The distance a query's unrelated memories sit at: its ``BACKGROUND_RANK``-th nearest
-    hit (nearest first), or the farthest of fewer; None below ``BACKGROUND_MIN`` hits."""
+    """The distance a query's unrelated memories sit at: the median of its hits (nearest
+    first) ranked 2nd to ``BACKGROUND_RANK``-th; None below ``BACKGROUND_MIN`` hits."""
     if len(distances) < BACKGROUND_MIN:
         return None
-    return distances[min(len(distances), BACKGROUND_RANK) - 1]
+    return statistics.median(distances[1:BACKGROUND_RANK])
 
 
 def vector_relevance(distance: float | None, behind: float | None = None) -> float:
