@@ -31,7 +31,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from functools import partialmethod
 from pathlib import Path
 from typing import Any
 
@@ -291,6 +290,15 @@ def all_words(query: str) -> list[str]:
     return sorted(words, key=len, reverse=True)[:16]
 
 
+def reaching(neighbours: Callable[..., Any], reach: int) -> Callable[..., Any]:
+    """``RecallQueries.neighbours`` held to ``reach`` whatever reach recall passes."""
+
+    def held(self: Any, keys: Any, _reach: int = CONTEXT_REACH) -> Any:
+        return neighbours(self, keys, reach)
+
+    return held
+
+
 @contextlib.contextmanager
 def configured(parts: dict[str, Any]) -> Iterator[None]:
     """Recall run with ``parts`` instead of its shipped settings, for this block only."""
@@ -301,7 +309,7 @@ def configured(parts: dict[str, Any]) -> Iterator[None]:
             "FUSION",
             Fusion(**{k: v for k, v in parts.items() if hasattr(Fusion, k)}),
         ),
-        (store_recall.RecallQueries, "neighbours", partialmethod(neighbours, reach=parts["reach"])),
+        (store_recall.RecallQueries, "neighbours", reaching(neighbours, parts["reach"])),
     ]
     if not parts["stop_words"]:
         changes.append((store_recall, "match_terms", all_words))
@@ -359,6 +367,25 @@ def latency(service: MemoryService, asked: list[Question], session: bool) -> dic
         "calls": len(samples),
         "p50_ms": round(percentile(samples, 0.5), 2),
         "p99_ms": round(percentile(samples, 0.99), 2),
+    }
+
+
+def latency_ab(service: MemoryService, asked: list[Question], rounds: int = 4) -> dict[str, Any]:
+    """query_raw_memories' p50 with relevance from distance alone (as before issue 23) and
+    as shipped, in alternating rounds over the same questions, so load hits both alike."""
+    samples: dict[str, list[float]] = {"distance alone": [], "shipped": []}
+    for _ in range(rounds):
+        for name, samples_of in samples.items():
+            with absolute_only() if name == "distance alone" else contextlib.nullcontext():
+                for question in asked:
+                    began = time.perf_counter()
+                    fused(service, question, None)
+                    samples_of.append((time.perf_counter() - began) * 1000)
+    p50 = {name: round(percentile(values, 0.5), 2) for name, values in samples.items()}
+    return {
+        "rounds": rounds,
+        "p50_ms": p50,
+        "shipped / distance alone": round(p50["shipped"] / p50["distance alone"], 3),
     }
 
 
@@ -462,6 +489,7 @@ def measure(
     }
     result["unrelated"] = unrelated(service)
     result["latency_dataset"] = latency(service, asked, session=True)
+    result["latency_ab_dataset"] = latency_ab(service, asked)
     if filler:
         db = sqlite_path(service.outbox.settings.db_url)
         assert db is not None
