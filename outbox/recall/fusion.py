@@ -19,8 +19,8 @@ _WORD = re.compile(r"\w+", re.UNICODE)
 # Longest first: the first suffix that leaves a stem of three letters or more is cut.
 _SUFFIXES = ("ations", "ation", "ingly", "ings", "edly", "ing", "ies", "ied", "es", "ed", "ly", "s")
 
-# Cosine distances of the offline MiniLM: at or below FULL a hit reads as a sure match, at
-# or above NONE as unrelated whatever else the store holds (docs/memory-core.md).
+# Cosine distances of the offline MiniLM: at or below FULL a hit reads as a sure match; read
+# by distance alone, at or above NONE as unrelated (docs/memory-core.md).
 DISTANCE_FULL, DISTANCE_NONE = 0.30, 0.75
 # The query's background in the vector leg: the median distance of the memories ranked 2nd
 # to 20th, where memories that do not answer it sit (a median, so one far outlier in a small
@@ -224,8 +224,8 @@ def relevant(
 
 def answering(scored: Sequence[tuple[Candidate, float]], min_relevance: float) -> float:
     """The relevance a hit needs for the store to answer the query: ``min_relevance``, or
-    ``WORDS_ALONE`` when the vector leg searched the store (it has a background)
-    and none of its hits reaches ``min_relevance``: then only words vouch for the answer."""
+    ``WORDS_ALONE`` when the vector leg searched the store (it has a background) and none of
+    its hits reaches ``min_relevance``: then only words vouch for the answer."""
     meaning = [
         vector_relevance(item.distance, item.behind)
         for item, _ in scored
