@@ -11,7 +11,9 @@ reciprocal-rank fusion of that bm25 with the vector leg. ``--ablation`` scores e
 the fusion alone and left out. Then query latency at the dataset's size and with filler
 records in the store, in both legs: the filler's vectors are random unit vectors written
 straight into the collection (embedding 100,000 texts would take half an hour; a search's
-cost depends on how many vectors there are, not on what they mean).
+cost depends on how many vectors there are, not on what they mean). Recall with relevance from
+distance alone and as shipped is also timed in alternating rounds, so their ratio holds on a
+busy machine, and the store's and Chroma's size on disk are recorded.
 
 The dataset is read from its path and never copied: ``python -m benchmarks.recall --locomo
 PATH`` (default ``../shared/data/locomo/locomo-dev.json`` beside the repository).
