@@ -11,7 +11,9 @@ reciprocal-rank fusion of that bm25 with the vector leg. ``--ablation`` scores e
 the fusion alone and left out. Then query latency at the dataset's size and with filler
 records in the store, in both legs: the filler's vectors are random unit vectors written
 straight into the collection (embedding 100,000 texts would take half an hour; a search's
-cost depends on how many vectors there are, not on what they mean).
+cost depends on how many vectors there are, not on what they mean). Recall with relevance from
+distance alone and as shipped is also timed in alternating rounds, so their ratio holds on a
+busy machine, and the store's and Chroma's size on disk are recorded.
 
 The dataset is read from its path and never copied: ``python -m benchmarks.recall --locomo
 PATH`` (default ``../shared/data/locomo/locomo-dev.json`` beside the repository).
@@ -31,12 +33,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from functools import partialmethod
 from pathlib import Path
 from typing import Any
 
 from benchmarks.bulk import BULK_ORIGIN, bulk_insert
 from benchmarks.common import bench_settings, open_outbox, percentile
+from benchmarks.paraphrase import absolute_only
 from outbox.core.recall_filter import RecallFilter
 from outbox.memory_core import MemoryService
 from outbox.recall import service as recall_service
@@ -206,6 +208,13 @@ def fused(service: MemoryService, question: Question, floor: float | None = 0.0)
     return [row["id"] for row in answer["results"]]
 
 
+def absolute(service: MemoryService, question: Question) -> list[str]:
+    """The default recall with the vector leg's relevance read from distance alone (no
+    background): relevance as it was before issue 23, in the same run."""
+    with absolute_only():
+        return fused(service, question, None)
+
+
 def by_conversation(ranked: Sequence[Sequence[str]], asked: Sequence[Question]) -> dict[str, float]:
     """hit@10 within each conversation: a change that helps only one of them is a fit to it."""
     sessions = sorted({question.session for question in asked})
@@ -230,6 +239,7 @@ def evaluate(
         "bm25 baseline": lambda q: baseline.search(q.text, q.session),
     }
     if embedded:
+        runs["fused, default min_relevance, absolute relevance"] = lambda q: absolute(service, q)
         runs["vector leg"] = lambda q: vector_leg(service, q)
         runs["naive rrf baseline"] = lambda q: [
             k for k, _ in rrf([baseline.search(q.text, q.session), vector_leg(service, q)])
@@ -251,12 +261,16 @@ PREVIOUS: dict[str, Any] = {
     "reach": 1,
     "context_share": 0.3,
     "dates": False,
+    "background": False,
+    "lead_weight": 0.0,
 }
 PARTS: dict[str, tuple[str, ...]] = {
     "query stop words": ("stop_words",),
     "coverage in the score (0.2)": ("coverage_weight",),
     "context: 2 turns each way, share 0.5": ("reach", "context_share"),
     "dates named in the query": ("dates",),
+    "relevance against the background": ("background",),
+    "the nearest meaning's lead (issue 23)": ("lead_weight",),
 }
 
 
@@ -267,6 +281,7 @@ def current() -> dict[str, Any]:
         "stop_words": True,
         "reach": CONTEXT_REACH,
         "dates": True,
+        "background": True,
         **{name: getattr(fusion, name) for name in PREVIOUS if hasattr(fusion, name)},
     }
 
@@ -275,6 +290,15 @@ def all_words(query: str) -> list[str]:
     """The lexical leg's query words with its stop words kept, as before they were dropped."""
     words = dict.fromkeys(w.lower() for w in re.findall(r"\w+", query) if len(w) > 1)
     return sorted(words, key=len, reverse=True)[:16]
+
+
+def reaching(neighbours: Callable[..., Any], reach: int) -> Callable[..., Any]:
+    """``RecallQueries.neighbours`` held to ``reach`` whatever reach recall passes."""
+
+    def held(self: Any, keys: Any, _reach: int = CONTEXT_REACH) -> Any:
+        return neighbours(self, keys, reach)
+
+    return held
 
 
 @contextlib.contextmanager
@@ -287,12 +311,14 @@ def configured(parts: dict[str, Any]) -> Iterator[None]:
             "FUSION",
             Fusion(**{k: v for k, v in parts.items() if hasattr(Fusion, k)}),
         ),
-        (store_recall.RecallQueries, "neighbours", partialmethod(neighbours, reach=parts["reach"])),
+        (store_recall.RecallQueries, "neighbours", reaching(neighbours, parts["reach"])),
     ]
     if not parts["stop_words"]:
         changes.append((store_recall, "match_terms", all_words))
     if not parts["dates"]:  # neither the date bonus nor the date's words held
         changes.append((recall_service, "named_dates", lambda query: []))
+    if not parts["background"]:  # the vector leg's relevance from distance alone
+        changes.append((recall_service, "background", lambda distances: None))
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in changes]
     for owner, name, value in changes:
         setattr(owner, name, value)
@@ -346,6 +372,25 @@ def latency(service: MemoryService, asked: list[Question], session: bool) -> dic
     }
 
 
+def latency_ab(service: MemoryService, asked: list[Question], rounds: int = 4) -> dict[str, Any]:
+    """query_raw_memories' p50 with relevance from distance alone (as before issue 23) and
+    as shipped, in alternating rounds over the same questions, so load hits both alike."""
+    samples: dict[str, list[float]] = {"distance alone": [], "shipped": []}
+    for _ in range(rounds):
+        for name, samples_of in samples.items():
+            with absolute_only() if name == "distance alone" else contextlib.nullcontext():
+                for question in asked:
+                    began = time.perf_counter()
+                    fused(service, question, None)
+                    samples_of.append((time.perf_counter() - began) * 1000)
+    p50 = {name: round(percentile(values, 0.5), 2) for name, values in samples.items()}
+    return {
+        "rounds": rounds,
+        "p50_ms": p50,
+        "shipped / distance alone": round(p50["shipped"] / p50["distance alone"], 3),
+    }
+
+
 def unrelated(service: MemoryService) -> dict[str, Any]:
     """What a few queries nothing in the store answers return at the default floor."""
     found = {}
@@ -395,6 +440,15 @@ def embed_filler(service: MemoryService, db: Path, chunk: int = 2_000, seed: int
     return time.perf_counter() - began
 
 
+def index_bytes(service: MemoryService) -> dict[str, int]:
+    """Bytes on disk of the store (SQLite with its lexical index) and of Chroma's folder."""
+    settings = service.outbox.settings
+    db = sqlite_path(settings.db_url)
+    store = sum(p.stat().st_size for p in db.parent.glob(db.name + "*")) if db else 0
+    chroma = sum(p.stat().st_size for p in settings.chroma_path.rglob("*") if p.is_file())
+    return {"sqlite": store, "chroma": chroma}
+
+
 def run(path: Path, filler: int, ablate: bool) -> dict[str, Any]:
     data = load(path)
     with tempfile.TemporaryDirectory(prefix="recall-bench-") as folder:
@@ -427,6 +481,7 @@ def measure(
     report = service.outbox.drain()
     result["drain_s"] = round(time.perf_counter() - began, 1)
     result["drained"] = str(report)[:200]
+    result["index_bytes_dataset"] = index_bytes(service)
     result["after_drain"] = evaluate(service, asked, baseline, embedded=True)
     if ablate:
         result["ablation"] = ablation(service, asked)
@@ -436,6 +491,7 @@ def measure(
     }
     result["unrelated"] = unrelated(service)
     result["latency_dataset"] = latency(service, asked, session=True)
+    result["latency_ab_dataset"] = latency_ab(service, asked)
     if filler:
         db = sqlite_path(service.outbox.settings.db_url)
         assert db is not None
@@ -443,6 +499,7 @@ def measure(
         result["filler_vectors_s"] = round(embed_filler(service, db), 1)
         result["filler"] = filler
         result["vectors"] = service.outbox.recaller.vector_index().count()
+        result["index_bytes_filler"] = index_bytes(service)
         result["latency_filler"] = latency(service, asked, session=True)
         result["latency_filler_no_session"] = latency(service, asked, session=False)
     return result

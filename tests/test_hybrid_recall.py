@@ -25,6 +25,7 @@ from outbox.recall.dates import DateWindow, named_dates
 from outbox.recall.fusion import (
     CONTEXT_REACH,
     KEEP_SHARE,
+    WORDS_ALONE,
     Candidate,
     Fusion,
     TermWeights,
@@ -32,6 +33,7 @@ from outbox.recall.fusion import (
     fuse,
     relevant,
     stem,
+    vector_relevance,
     with_context,
     with_dates,
 )
@@ -50,6 +52,8 @@ candidate = st.builds(
     lexical_rank=st.one_of(st.none(), st.integers(1, 50)),
     vector_rank=st.one_of(st.none(), st.integers(1, 50)),
     distance=distance,
+    behind=st.one_of(st.none(), st.floats(0.0, 2.0)),
+    lead=st.floats(0.0, 1.0),
 )
 
 
@@ -61,7 +65,10 @@ def test_fusion_orders_deterministically_and_keeps_the_floor(
     assert [s for _, s in scored] == sorted((s for _, s in scored), reverse=True)
     assert fuse(list(reversed(items)), Fusion()) == scored
     kept = relevant(scored, floor, limit)
-    answered = any(item.relevance >= floor for item in items)
+    meaning = [vector_relevance(i.distance, i.behind) for i in items if i.behind is not None]
+    # Words alone must hold half the query when the vector leg found nothing near it.
+    need = max(floor, WORDS_ALONE) if meaning and max(meaning) < floor else floor
+    answered = any(item.relevance >= need for item in items)
     assert (
         kept
         == ([p for p in scored if p[0].relevance >= floor * KEEP_SHARE] if answered else [])[:limit]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -18,12 +19,19 @@ _WORD = re.compile(r"\w+", re.UNICODE)
 # Longest first: the first suffix that leaves a stem of three letters or more is cut.
 _SUFFIXES = ("ations", "ation", "ingly", "ings", "edly", "ing", "ies", "ied", "es", "ed", "ly", "s")
 
-# Cosine distances of the offline MiniLM: at or below FULL a hit reads as a sure match, at
-# or above NONE as unrelated; relevance is linear between (docs/memory-core.md).
+# Cosine distances of the offline MiniLM: at or below FULL a hit reads as a sure match; read
+# by distance alone, at or above NONE as unrelated (docs/memory-core.md).
 DISTANCE_FULL, DISTANCE_NONE = 0.30, 0.75
+# The query's background in the vector leg: the median distance of the memories ranked 2nd
+# to 20th, where memories that do not answer it sit (a median, so one far outlier in a small
+# store does not move it). Fewer than BACKGROUND_MIN hits say too little to calibrate.
+BACKGROUND_RANK, BACKGROUND_MIN = 20, 5
 # The default ``min_relevance``, chosen on the development split (docs/memory-core.md), and
 # the share of it the hits below a query's answering hit must still reach.
 MIN_RELEVANCE, KEEP_SHARE = 0.30, 0.5
+# When the vector leg finds nothing near a query's meaning, its words alone answer it only
+# if one memory holds at least this share of them: one shared word of two is chance.
+WORDS_ALONE = 0.5
 # How many turns before and after a hit in its session recall looks at for context.
 CONTEXT_REACH = 2
 
@@ -72,11 +80,24 @@ class TermWeights:
         return sum(weight for key, weight in self.weights.items() if key in held) / whole
 
 
-def vector_relevance(distance: float | None) -> float:
-    """A cosine distance as a share of certainty: 1 at ``DISTANCE_FULL``, 0 at ``NONE``."""
+def background(distances: Sequence[float]) -> float | None:
+    """The distance a query's unrelated memories sit at: the median of its hits (nearest
+    first) ranked 2nd to ``BACKGROUND_RANK``-th; None below ``BACKGROUND_MIN`` hits."""
+    if len(distances) < BACKGROUND_MIN:
+        return None
+    return statistics.median(distances[1:BACKGROUND_RANK])
+
+
+def vector_relevance(distance: float | None, behind: float | None = None) -> float:
+    """A cosine distance as a share of certainty, the higher of two readings: absolute (1 at
+    ``DISTANCE_FULL``, 0 at ``NONE``) and against the query's background ``behind`` (the
+    share of the way from it down to ``DISTANCE_FULL`` the hit has come). A clear nearest
+    answer in a store far from the query reads high; a hit as far as the rest reads 0."""
     if distance is None or math.isnan(distance):
         return 0.0
     share = (DISTANCE_NONE - distance) / (DISTANCE_NONE - DISTANCE_FULL)
+    if behind is not None and behind > DISTANCE_FULL:
+        share = max(share, (behind - distance) / (behind - DISTANCE_FULL))
     return min(1.0, max(0.0, share))
 
 
@@ -90,6 +111,11 @@ class Candidate:
     coverage: float = 0.0
     vector_rank: int | None = None
     distance: float | None = None
+    # The query's background in the vector leg (``background``), None: too few hits.
+    behind: float | None = None
+    # For the vector leg's nearest memory, how much nearer it is than the next, as a share
+    # of the way from the background to a sure match (0..1; 0 for every other memory).
+    lead: float = 0.0
     # The key of the hit this memory neighbours in its session, and that hit's relevance.
     context_of: str | None = None
     context_relevance: float = 0.0
@@ -106,7 +132,7 @@ class Candidate:
     @property
     def relevance(self) -> float:
         """The surer leg's certainty; a neighbour of a hit is as relevant as that hit."""
-        own = max(self.coverage, vector_relevance(self.distance))
+        own = max(self.coverage, vector_relevance(self.distance, self.behind))
         return max(own, self.context_relevance)
 
 
@@ -133,9 +159,17 @@ class Fusion:
     # A memory written on a date the query names ("on 7 July, 2023") gains this much: about
     # two thirds of what a first place in one leg is worth.
     date_bonus: float = 0.12
+    # The vector leg's nearest memory gains this times its lead (``Candidate.lead``) times
+    # the share of the query's words no memory holds: when the words say little, a clear
+    # nearest meaning outranks memories that share one of them. 2.0 kept one more paraphrase
+    # first and lost one LoCoMo question (docs/benchmarks.md).
+    lead_weight: float = 1.5
 
-    def score(self, item: Candidate) -> float:
+    def score(self, item: Candidate, words: float = 1.0) -> float:
+        """``item``'s fused score; ``words`` is the best coverage any memory reaches for
+        this query (1: the words explain it fully, and the lead counts for nothing)."""
         total = self.coverage_weight * item.coverage
+        total += self.lead_weight * max(0.0, 1.0 - words) * item.lead
         if item.lexical_rank is not None:
             total += self.lexical_weight / (self.k + item.lexical_rank)
         if item.vector_rank is not None:
@@ -147,14 +181,19 @@ def candidates(
     lexical: Sequence[tuple[str, float]],
     vector: Sequence[tuple[str, float]],
     coverage: Mapping[str, float],
+    behind: float | None = None,
 ) -> list[Candidate]:
     """Both legs' best-first hits ((key, bm25 score) and (key, distance)) as candidates,
-    ranks counted from 1; ``coverage`` is each key's lexical relevance."""
+    ranks counted from 1; ``coverage`` is each key's lexical relevance, ``behind`` the
+    vector leg's background for this query (``background``)."""
     found: dict[str, dict[str, Any]] = {}
     for rank, (key, score) in enumerate(lexical, start=1):
         found.setdefault(key, {}).update(lexical_rank=rank, lexical_score=score)
     for rank, (key, distance) in enumerate(vector, start=1):
-        found.setdefault(key, {}).update(vector_rank=rank, distance=distance)
+        found.setdefault(key, {}).update(vector_rank=rank, distance=distance, behind=behind)
+    if len(vector) > 1 and behind is not None and behind > DISTANCE_FULL:
+        lead = (vector[1][1] - vector[0][1]) / (behind - DISTANCE_FULL)
+        found[vector[0][0]]["lead"] = min(1.0, max(0.0, lead))
     return [
         Candidate(key=key, coverage=coverage.get(key, 0.0), **fields)
         for key, fields in found.items()
@@ -163,21 +202,38 @@ def candidates(
 
 def fuse(items: Iterable[Candidate], fusion: Fusion) -> list[tuple[Candidate, float]]:
     """(candidate, fused score) best first; ties go to the key, so the order is the same
-    on every run."""
-    scored = [(item, fusion.score(item)) for item in items]
+    on every run. The best coverage among them says how well the query's words are held."""
+    items = list(items)
+    words = max((item.coverage for item in items), default=0.0)
+    scored = [(item, fusion.score(item, words)) for item in items]
     return sorted(scored, key=lambda pair: (-pair[1], pair[0].key))
 
 
 def relevant(
     scored: Sequence[tuple[Candidate, float]], min_relevance: float, limit: int
 ) -> list[tuple[Candidate, float]]:
-    """Nothing when no hit reaches ``min_relevance``: the store does not answer the query.
-    Otherwise the first ``limit`` hits whose relevance reaches ``KEEP_SHARE`` of it, order
-    kept: once one hit answers, the fusion's order judges the rest better than their own
-    certainty does (a reply that shares one word of the question is still the reply)."""
-    if max((item.relevance for item, _ in scored), default=0.0) < min_relevance:
+    """Nothing when no hit reaches what ``answering`` asks: the store does not answer the
+    query. Otherwise the first ``limit`` hits whose relevance reaches ``KEEP_SHARE`` of
+    ``min_relevance``, order kept: once one hit answers, the fusion's order judges the rest
+    better than their own certainty does (a reply that shares one word of the question is
+    still the reply)."""
+    if max((item.relevance for item, _ in scored), default=0.0) < answering(scored, min_relevance):
         return []
     return [pair for pair in scored if pair[0].relevance >= min_relevance * KEEP_SHARE][:limit]
+
+
+def answering(scored: Sequence[tuple[Candidate, float]], min_relevance: float) -> float:
+    """The relevance a hit needs for the store to answer the query: ``min_relevance``, or
+    ``WORDS_ALONE`` when the vector leg searched the store (it has a background) and none of
+    its hits reaches ``min_relevance``: then only words vouch for the answer."""
+    meaning = [
+        vector_relevance(item.distance, item.behind)
+        for item, _ in scored
+        if item.behind is not None
+    ]
+    if meaning and max(meaning) < min_relevance:
+        return max(min_relevance, WORDS_ALONE)
+    return min_relevance
 
 
 def with_context(

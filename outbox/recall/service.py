@@ -27,6 +27,7 @@ from outbox.recall.fusion import (
     Candidate,
     Fusion,
     TermWeights,
+    background,
     candidates,
     fuse,
     relevant,
@@ -155,7 +156,8 @@ class Recaller:
             for key, distance in vector
             if key in stored and _admits(filters, stored[key])
         ]
-        scored = fuse(candidates(lexical.hits, admitted, coverage), FUSION)
+        behind = background([distance for _key, distance in vector])
+        scored = fuse(candidates(lexical.hits, admitted, coverage, behind), FUSION)
         scored = self._with_context(scored, filters, weights, stored, coverage, when)
         scored = with_dates(scored, [key for key in stored if _on(stored[key], when)], FUSION)
         hits = tuple(
