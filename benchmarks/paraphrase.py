@@ -29,6 +29,7 @@ from outbox.core.recall_filter import RecallFilter
 from outbox.recall import service as recall_service
 from outbox.recall.fusion import MIN_RELEVANCE
 from outbox.recall.service import LEG_DEPTH
+from outbox.sinks.chroma_service import SharedServer
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results" / "paraphrase.json"
@@ -102,6 +103,8 @@ def run() -> dict[str, Any]:
             after = asked(outbox, keys)
         finally:
             outbox.close()
+            with SharedServer(settings.chroma_path, 0.0).stopped():
+                pass  # the server the drain started ends with the run, not 10 min later
     return {"absolute relevance (before)": before, "calibrated relevance (shipped)": after}
 
 
