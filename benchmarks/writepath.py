@@ -75,54 +75,38 @@ _MISSION_SCHEMA = (
     "CREATE TABLE outbox (id INTEGER PRIMARY KEY, node_id TEXT NOT NULL, sink TEXT NOT NULL,"
     " state TEXT NOT NULL, created_at REAL NOT NULL)",
 )
+# The outbox's own tokenizer (stemming for recall): the same work, not a cheaper index.
+_FTS_SCHEMA = (
+    "CREATE VIRTUAL TABLE node_fts USING fts5("
+    "content, tokenize='porter unicode61 remove_diacritics 2')"
+)
 
 
 def mission_floor_writer(folder: Path, synchronous: str, texts: list[str]) -> Callable[[int], None]:
     """The mission's floor: one node row and one outbox row in one WAL transaction."""
-    folder.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(folder / "mission.db", isolation_level=None, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute(f"PRAGMA synchronous={synchronous}")
-    for statement in _MISSION_SCHEMA:
-        conn.execute(statement)
-
-    def call(number: int) -> None:
-        content = f"{number} {texts[number % len(texts)]}"
-        ts = canonical_timestamp()
-        key = hashlib.sha256(content.encode() + b"\n" + ts.encode()).hexdigest()
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute(
-            "INSERT INTO node (id, label, ts, properties) VALUES (?, 'AGENT_MEMORY', ?, ?)",
-            (key, ts, json.dumps({"timestamp": ts, "importance": 7})),
-        )
-        conn.execute(
-            "INSERT INTO outbox (node_id, sink, state, created_at) VALUES (?, ?, 'pending', ?)",
-            (key, NOOP_SINK, time.time()),
-        )
-        conn.execute("COMMIT")
-
-    return call
-
-
-_SAME_WORK_SCHEMA = (
-    "CREATE TABLE node (id TEXT PRIMARY KEY, label TEXT NOT NULL, ts TEXT NOT NULL,"
-    " properties TEXT NOT NULL)",
-    "CREATE TABLE outbox (id INTEGER PRIMARY KEY, node_id TEXT NOT NULL, sink TEXT NOT NULL,"
-    " state TEXT NOT NULL, created_at REAL NOT NULL)",
-    # The outbox's own tokenizer (stemming for recall): the same work, not a cheaper index.
-    "CREATE VIRTUAL TABLE node_fts USING fts5("
-    "content, tokenize='porter unicode61 remove_diacritics 2')",
-)
+    return _bare_floor(folder / "mission.db", synchronous, texts, fts=False)
 
 
 def same_work_floor(folder: Path, synchronous: str, texts: list[str]) -> Callable[[int], None]:
     """Issue 24's floor: a node row, an outbox row and an FTS5 entry, one transaction."""
-    folder.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(folder / "same-work.db", isolation_level=None, check_same_thread=False)
+    return _bare_floor(folder / "same-work.db", synchronous, texts, fts=True)
+
+
+def _bare_floor(
+    path: Path, synchronous: str, texts: list[str], *, fts: bool
+) -> Callable[[int], None]:
+    """A node row and an outbox row in one WAL transaction, and with ``fts`` the content's
+    FTS5 entry (keyed by the outbox row's id, as the outbox keys its own by ``seq``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={synchronous}")
-    for statement in _SAME_WORK_SCHEMA:
+    for statement in (*_MISSION_SCHEMA, *((_FTS_SCHEMA,) if fts else ())):
         conn.execute(statement)
+    outbox_row = (
+        "INSERT INTO outbox (node_id, sink, state, created_at) VALUES (?, ?, 'pending', ?)"
+        + (" RETURNING id" if fts else "")
+    )
 
     def call(number: int) -> None:
         content = f"{number} {texts[number % len(texts)]}"
@@ -133,12 +117,10 @@ def same_work_floor(folder: Path, synchronous: str, texts: list[str]) -> Callabl
             "INSERT INTO node (id, label, ts, properties) VALUES (?, 'AGENT_MEMORY', ?, ?)",
             (key, ts, json.dumps({"timestamp": ts, "importance": 7})),
         )
-        (rowid,) = conn.execute(
-            "INSERT INTO outbox (node_id, sink, state, created_at) VALUES (?, ?, 'pending', ?)"
-            " RETURNING id",
-            (key, NOOP_SINK, time.time()),
-        ).fetchone()
-        conn.execute("INSERT INTO node_fts (rowid, content) VALUES (?, ?)", (rowid, content))
+        inserted = conn.execute(outbox_row, (key, NOOP_SINK, time.time()))
+        if fts:
+            (rowid,) = inserted.fetchone()
+            conn.execute("INSERT INTO node_fts (rowid, content) VALUES (?, ?)", (rowid, content))
         conn.execute("COMMIT")
 
     return call

@@ -108,18 +108,20 @@ def test_search_in_a_shell_answers_as_recall_does(store: Settings) -> None:
     assert isinstance(meant, list) and "vector" in meant[0]["legs"]  # the server was asked
 
 
-def test_search_in_a_shell_loads_no_model_numpy_or_chromadb(store: Settings) -> None:
+def _answer_and_heavy_modules(settings: Settings, *argv: str) -> tuple[Any, list[str]]:
+    """The command's ``--json`` answer in a fresh interpreter, and which of ``NOT_LOADED``
+    that process had imported by the end."""
     script = (
         "import json, sys\n"
         "from outbox.faces.cli import main\n"
-        f"code = main(['search', {QUERIES[0]!r}, '--json'])\n"
+        f"code = main({[*argv, '--json']!r})\n"
         f"heavy = {NOT_LOADED!r}\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in heavy)))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script],
-        env=_environ(store),
-        cwd=store.home.parent,
+        env=_environ(settings),
+        cwd=settings.home.parent,
         capture_output=True,
         text=True,
         timeout=120,
@@ -127,6 +129,11 @@ def test_search_in_a_shell_loads_no_model_numpy_or_chromadb(store: Settings) -> 
     )
     assert done.returncode == 0, done.stderr
     answer, loaded = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
+    return answer, loaded
+
+
+def test_search_in_a_shell_loads_no_model_numpy_or_chromadb(store: Settings) -> None:
+    answer, loaded = _answer_and_heavy_modules(store, "search", QUERIES[0])
     assert {"lexical", "vector"} <= set(answer["results"][0]["legs"])
     assert loaded == []
 
@@ -226,23 +233,6 @@ def test_recent_in_a_shell_answers_as_memory_core_does(store: Settings) -> None:
 
 
 def test_recent_in_a_shell_loads_no_database_toolkit(store: Settings) -> None:
-    script = (
-        "import json, sys\n"
-        "from outbox.faces.cli import main\n"
-        "code = main(['recent', '--json'])\n"
-        f"heavy = {NOT_LOADED!r}\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in heavy)))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        env=_environ(store),
-        cwd=store.home.parent,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    answer, loaded = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
+    answer, loaded = _answer_and_heavy_modules(store, "recent")
     assert answer["count"] > 0
     assert loaded == []

@@ -18,11 +18,10 @@ import sqlite3
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from outbox.core.safe_files import check_store
-from outbox.mirror.jsonl import named_keys
+from outbox.mirror.gap import bare_file, steady
 from outbox.recall.service import Recaller
 from outbox.store.sqlite_recall import SqliteRecallReads
-from outbox.store.sqlite_writes import connect_reader, sqlite_file
+from outbox.store.sqlite_writes import connect_reader
 from outbox.store.steady import SteadyCheck
 from outbox.write.fallback import FallbackQueue
 
@@ -73,10 +72,9 @@ def _steady_reads(settings: Settings) -> Iterator[SqliteRecallReads]:
     for anything else: no SQLite file, another backend or URL form, a schema to migrate,
     mirror places to record, a gap in the database, fallback files to import, or a database
     the driver cannot open or read (the full open meets it and says what)."""
-    path = sqlite_file(settings.db_url)
-    if path is None or not path.is_file():
+    path = bare_file(settings)
+    if path is None:
         raise NeedsFullOpen
-    check_store(settings, path)
     if FallbackQueue(settings.markdown_dir, settings.sinks).pending_count():
         raise NeedsFullOpen
     try:
@@ -86,8 +84,7 @@ def _steady_reads(settings: Settings) -> Iterator[SqliteRecallReads]:
     except sqlite3.Error:
         raise NeedsFullOpen from None
     try:
-        steady = SteadyCheck(conn)
-        if not (steady.ready(settings) and steady.holds(named_keys(settings.jsonl_path))):
+        if not steady(SteadyCheck(conn), settings):
             raise NeedsFullOpen
         yield SqliteRecallReads(conn)
     except sqlite3.Error:

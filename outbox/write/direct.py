@@ -26,13 +26,12 @@ from outbox.core.errors import MirrorBusy
 from outbox.core.folders import ensure_private_dir
 from outbox.core.receipt import Receipt
 from outbox.core.record import Record
-from outbox.core.safe_files import check_store
 from outbox.core.states import MirrorEvent
-from outbox.mirror.jsonl import named_keys
+from outbox.mirror.gap import bare_file, steady
 from outbox.mirror.mirrors import Mirrors
 from outbox.store.driver_errors import UNAVAILABLE_BARE
 from outbox.store.on_demand import StorageOnDemand
-from outbox.store.sqlite_writes import connect_writer, sqlite_file
+from outbox.store.sqlite_writes import connect_writer
 from outbox.store.steady import SteadyCheck
 from outbox.store.transactions import transactions_for
 from outbox.write.durable import commit_or_fallback
@@ -56,10 +55,9 @@ def add(settings: Settings, record: Record) -> DirectWrite | None:
     store needs the full open first (no SQLite file yet, another backend or URL form, a
     schema to migrate, mirror places to record or to refuse, records the log names and the
     database lacks)."""
-    path = sqlite_file(settings.db_url)
-    if path is None or not path.is_file():
+    path = bare_file(settings)
+    if path is None:
         return None
-    check_store(settings, path)
     try:  # one connection for the checks before and after the write
         checks = _connect(path, settings)
     except sqlite3.Error:  # the full open meets it too, and decides (fallback or error)
@@ -74,12 +72,8 @@ def _add_if_ready(
     checks: sqlite3.Connection, settings: Settings, record: Record
 ) -> DirectWrite | None:
     """``add`` once the store is open for its checks (on ``checks``)."""
-    steady = SteadyCheck(checks)
-    try:  # and it holds the records the log names: a gap is the full open's to refuse
-        ready = steady.ready(settings) and steady.holds(named_keys(settings.jsonl_path))
-    except sqlite3.Error:
-        return None
-    if not ready:
+    check = SteadyCheck(checks)
+    if not steady(check, settings):  # a gap included: the full open's to refuse
         return None
     with contextlib.suppress(OSError):  # the full open only warns about it as well
         ensure_private_dir(settings.home)
@@ -103,7 +97,7 @@ def _add_if_ready(
             try:  # the exclusive hold waits for the mirror writer: the files are all there
                 with mirrors.hold(time.monotonic() + settings.busy_timeout):
                     owed = (
-                        steady.catch_up(
+                        check.catch_up(
                             settings.mirror_id,
                             _MirrorFiles(mirrors),
                             fallback_waits=bool(fallback.pending_count()),
