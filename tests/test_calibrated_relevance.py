@@ -5,6 +5,7 @@ the paraphrase benchmark's set is what it claims to be."""
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,21 @@ def test_words_alone_answer_only_with_half_the_query_when_meaning_finds_nothing(
     assert answering([(far, 0.1), (partial, 0.2)], 0.0) == 0.0  # min_relevance 0: every hit
 
 
+def test_meaning_that_rests_on_shared_words_does_not_vouch_for_them() -> None:
+    # "what do pandas eat" beside "Kai is vegetarian but eats fish": near enough by distance
+    # (0.357 against its background), but it shares "eat", which is what brought it near.
+    eats = Candidate(key="k", lexical_rank=1, coverage=0.435, vector_rank=1, distance=0.697)
+    eats = replace(eats, behind=0.917)
+    assert vector_relevance(eats.distance, eats.behind) >= MIN_RELEVANCE
+    assert eats.meaning < MIN_RELEVANCE
+    assert answering([(eats, 0.3)], MIN_RELEVANCE) == WORDS_ALONE
+    assert relevant([(eats, 0.3)], MIN_RELEVANCE, 10) == []
+    # The same distance with no shared word is meaning alone, and answers.
+    apart = replace(eats, lexical_rank=None, coverage=0.0)
+    assert apart.meaning == vector_relevance(apart.distance, apart.behind)
+    assert [c.key for c, _ in relevant([(apart, 0.3)], MIN_RELEVANCE, 10)] == ["k"]
+
+
 # -- real Chroma and the offline MiniLM --------------------------------------------------
 
 MEMORIES = (
@@ -113,6 +129,7 @@ MEMORIES = (
     "Dentist appointment on Thursday at 3 pm.",
     "The laptop battery swelled and the machine was sent back for repair.",
     "Ravi speaks Hindi, Tamil and English.",
+    "Kai is vegetarian but eats fish.",
 )
 
 
@@ -141,6 +158,11 @@ def test_a_paraphrase_is_answered_and_unrelated_questions_are_not(drained: Outbo
         loose = drained.recall("rules of cricket", min_relevance=0.0).hits
         assert max(hit.relevance for hit in loose) >= MIN_RELEVANCE
         assert drained.recall("rules of cricket").hits == ()
+        # Near by distance because it shares "eat": that nearness does not vouch for it.
+        (kai, *_rest) = drained.recall("what do pandas eat", min_relevance=0.0).hits
+        assert kai.content == MEMORIES[-1] and {"lexical", "vector"} <= set(kai.legs)
+        assert kai.distance is not None and kai.relevance >= MIN_RELEVANCE
+        assert drained.recall("what do pandas eat").hits == ()
     finally:
         drained.close()
 

@@ -65,8 +65,13 @@ def test_fusion_orders_deterministically_and_keeps_the_floor(
     assert [s for _, s in scored] == sorted((s for _, s in scored), reverse=True)
     assert fuse(list(reversed(items)), Fusion()) == scored
     kept = relevant(scored, floor, limit)
-    meaning = [vector_relevance(i.distance, i.behind) for i in items if i.behind is not None]
-    # Words alone must hold half the query when the vector leg found nothing near it.
+    meaning = [
+        vector_relevance(i.distance, i.behind) * (1.0 - i.coverage)
+        for i in items
+        if i.behind is not None
+    ]
+    # Words alone must hold half the query when the vector leg found nothing near it
+    # beyond the words it shares.
     need = max(floor, WORDS_ALONE) if meaning and max(meaning) < floor else floor
     answered = any(item.relevance >= need for item in items)
     assert (

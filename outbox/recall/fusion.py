@@ -130,6 +130,14 @@ class Candidate:
         return [*legs, *extra]
 
     @property
+    def meaning(self) -> float:
+        """What the vector leg vouches for beyond the words: its relevance times the share of
+        the query's words the memory lacks. A memory that shares words with the query sits
+        nearer it in the embedding for those words alone, so its distance overstates how
+        near its meaning is ("what do pandas eat" beside "Kai ... eats fish")."""
+        return vector_relevance(self.distance, self.behind) * (1.0 - self.coverage)
+
+    @property
     def relevance(self) -> float:
         """The surer leg's certainty; a neighbour of a hit is as relevant as that hit."""
         own = max(self.coverage, vector_relevance(self.distance, self.behind))
@@ -225,12 +233,8 @@ def relevant(
 def answering(scored: Sequence[tuple[Candidate, float]], min_relevance: float) -> float:
     """The relevance a hit needs for the store to answer the query: ``min_relevance``, or
     ``WORDS_ALONE`` when the vector leg searched the store (it has a background) and none of
-    its hits reaches ``min_relevance``: then only words vouch for the answer."""
-    meaning = [
-        vector_relevance(item.distance, item.behind)
-        for item, _ in scored
-        if item.behind is not None
-    ]
+    its hits' ``meaning`` reaches ``min_relevance``: then only words vouch for the answer."""
+    meaning = [item.meaning for item, _ in scored if item.behind is not None]
     if meaning and max(meaning) < min_relevance:
         return max(min_relevance, WORDS_ALONE)
     return min_relevance
