@@ -43,6 +43,7 @@ from outbox.core.recall_filter import RecallFilter
 from outbox.memory_core import MemoryService
 from outbox.recall import service as recall_service
 from outbox.recall.fusion import CONTEXT_REACH, MIN_RELEVANCE, Fusion, rrf
+from outbox.sinks.chroma_service import SharedServer
 from outbox.store import recall as store_recall
 from outbox.store.sqlite_writes import sqlite_path
 
@@ -458,6 +459,8 @@ def run(path: Path, filler: int, ablate: bool) -> dict[str, Any]:
             return measure(service, data, filler, ablate)
         finally:
             service.close()
+            with SharedServer(settings.chroma_path, 0.0).stopped():
+                pass  # the server the drain started ends with the run, not 10 min later
 
 
 def measure(
