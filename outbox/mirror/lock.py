@@ -49,7 +49,6 @@ class MirrorLock:
         self._retained = 0  # committed records whose mirrors are still to be written
         self._inside = False  # a thread holds the lock
         self._flocked = False  # this process holds the flock
-        self._queued = 0  # threads of this process waiting in ``hold`` for the thread lock
         self._fd: int | None = None
         self._want_fd: int | None = None
 
@@ -73,14 +72,7 @@ class MirrorLock:
         this process retained are done, so the holder finds the files as the database says.
         """
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        with self._state:
-            self._queued += 1
-        try:
-            taken = self._thread_lock.acquire(timeout=-1 if remaining is None else remaining)
-        finally:
-            with self._state:
-                self._queued -= 1
-        if not taken:
+        if not self._thread_lock.acquire(timeout=-1 if remaining is None else remaining):
             raise MirrorBusy("another thread held the mirror lock past the write's time bound")
         try:
             with self._state:
@@ -116,26 +108,6 @@ class MirrorLock:
             return True
         fcntl.flock(want, fcntl.LOCK_UN)
         return False
-
-    def wanted(self) -> bool:
-        """Whether a thread of this process or another process waits for the lock: a long
-        holder (the dispatcher mirroring a batch's outcomes) hands it over between steps."""
-        with self._state:
-            if self._queued:
-                return True
-        return self._others_wait()
-
-    def let_in(self) -> None:
-        """Between two holds of a long piece of work that handed the lock over: wait (up to
-        ``YIELD_SECONDS``) until the threads and processes that wanted it have had it, so
-        the next hold does not take it straight back from them."""
-        until = time.monotonic() + YIELD_SECONDS
-        while time.monotonic() < until:
-            with self._state:
-                queued = self._queued
-            if not queued and not self._others_wait():
-                return
-            time.sleep(WAITING_PAUSE / 2)
 
     def _let_waiters_in(self, deadline: float | None) -> None:
         """After giving the flock up, wait until the waiters took it (their shared locks on

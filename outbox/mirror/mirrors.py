@@ -229,17 +229,9 @@ class Mirrors:
             return self._repairer().run(full=full)
 
     def sync_deliveries(self) -> RepairReport:
-        """Write delivery outcomes (events, front matter) that are not yet mirrored. A writer
-        that waits for the lock meanwhile gets it between steps (``MirrorSync.sync_some``):
-        a whole batch's outcomes hold it for tens of ms on a busy disk."""
-        from outbox.mirror.repair import RepairReport
-
-        report = RepairReport()
-        while True:
-            with self.lock.hold():
-                if self._repairer().sync_some(report, hand_over=self.lock.wanted):
-                    return report
-            self.lock.let_in()
+        """Write delivery outcomes (events, front matter) that are not yet mirrored."""
+        with self.lock.hold():
+            return self._repairer().sync_deliveries()
 
     def verify(self) -> VerifyReport:
         from outbox.mirror.verify import verify

@@ -9,7 +9,6 @@ what was written since the last repair, not to the size of the log.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -85,11 +84,6 @@ def restore_body(path: Path, record: Record) -> bool:
     markdown.write_atomic(path, markdown.render(current, content), durable=False)
     return True
 
-
-# Outcomes mirrored between two looks for a writer waiting for the mirror lock. A batch's
-# outcomes (64 front matter rewrites) held it 74 ms on a busy disk, and a write beside a
-# backfill waited that long (issue 24); 8 files take a few ms even there.
-SYNC_STEP = 8
 
 _EVENTS = {
     DeliveryState.DELIVERED: MirrorEvent.DELIVERED,
@@ -250,34 +244,11 @@ class MirrorSync:
         own call right after settling passes None.
         """
         report = report or RepairReport()
-        while not self.sync_some(report, seen):
-            pass
-        return report
-
-    def sync_some(
-        self,
-        report: RepairReport,
-        seen: set[tuple[str, str, str]] | None = None,
-        *,
-        hand_over: Callable[[], bool] | None = None,
-        step: int = SYNC_STEP,
-    ) -> bool:
-        """Mirror owed outcomes ``step`` rows at a time until none is left (True) or, between
-        two steps, ``hand_over`` says someone waits for the lock (False: call again after
-        letting them in). Each step clears the rows it wrote, so a stop between steps owes
-        nothing twice."""
         while True:
             rows = self.storage.mirror_state.mirror_pending(self.mirror_id)
             if not rows:
-                return True
-            done = 0
-            while done < len(rows):
-                self.write_outcomes(rows[done : done + step], seen, report)
-                done += step
-                if hand_over is not None and done < len(rows) and hand_over():
-                    self.storage.mirror_state.clear_mirror_pending(rows[:done])
-                    return False
-            self.storage.mirror_state.clear_mirror_pending(rows)
+                return report
+            self.apply(rows, seen, report)
 
     def apply(
         self,
@@ -286,16 +257,6 @@ class MirrorSync:
         report: RepairReport,
     ) -> None:
         """Write events and front matter for ``rows``, then clear their pending flag."""
-        self.write_outcomes(rows, seen, report)
-        self.storage.mirror_state.clear_mirror_pending(rows)
-
-    def write_outcomes(
-        self,
-        rows: list[DeliveryRow],
-        seen: set[tuple[str, str, str]] | None,
-        report: RepairReport,
-    ) -> None:
-        """Write events and front matter for ``rows`` (their pending flag stays set)."""
         lines = []
         for row in rows:
             event = delivery_event(row)
@@ -316,6 +277,7 @@ class MirrorSync:
                 continue
             with about_record(key, "update"):
                 self._update_file(item, all_rows.get(key, []), report)
+        self.storage.mirror_state.clear_mirror_pending(rows)
 
     def _update_file(
         self, item: StoredRecord, record_rows: list[DeliveryRow], report: RepairReport
