@@ -46,6 +46,7 @@ from benchmarks import (
     writepath,
 )
 from benchmarks.common import NOOP_SINK, bench_settings, load_average, percentile, summarize
+from outbox.sinks.chroma_service import SharedServer
 
 REPO = Path(__file__).resolve().parent.parent
 SECTIONS = ("write", "threads", "inline", "backfill", "drain", "embed", "scale", "rss", "startup")
@@ -230,13 +231,17 @@ def section_inline(folder: Path, plan: dict[str, Any]) -> dict[str, Any]:
 
 def section_backfill(folder: Path, plan: dict[str, Any]) -> dict[str, Any]:
     settings = bench_settings(folder, sinks="chroma")
-    result = drain.backfill_run(
-        settings,
-        plan["backfill_records"],
-        plan["backfill_idle_calls"],
-        plan["backfill_pace_s"],
-        folder / "logs",
-    )
+    try:
+        result = drain.backfill_run(
+            settings,
+            plan["backfill_records"],
+            plan["backfill_idle_calls"],
+            plan["backfill_pace_s"],
+            folder / "logs",
+        )
+    finally:
+        with SharedServer(settings.chroma_path, 0.0).stopped():
+            pass  # the server the dispatcher started ends with the section, not 10 min later
     idle, busy = result.pop("idle_samples"), result.pop("busy_samples")
     result["idle"] = summarize(idle, 1.0)
     result["busy"] = summarize(busy, 1.0)
