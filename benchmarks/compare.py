@@ -7,7 +7,8 @@ Sections (``--only write,threads,inline,backfill,drain,embed,scale,rss,startup``
 write path against the bare-SQLite floors and two SQLite queues at FULL and NORMAL; the same
 with 1, 4 and 8 writer threads in one process (group commit); the inline embed +
 ``collection.add`` path; ``add`` latency while a dispatcher process drains a backlog into
-embedded Chroma; drain throughput per sink with 1 and 2 dispatcher processes; the Chroma
+embedded Chroma, and beside ``outbox drain``, ``outbox run`` and an in-process dispatcher
+(``backfill_modes``); drain throughput per sink with 1 and 2 dispatcher processes; the Chroma
 drain of LoCoMo turns beside the embedder's own best throughput on them; ``add`` and
 claim cost at growing outbox sizes; peak RSS of a dispatcher draining a big backlog; the
 command line's start beside the interpreter's.
