@@ -7,7 +7,8 @@ Sections (``--only write,threads,inline,backfill,drain,embed,scale,rss,startup``
 write path against the bare-SQLite floors and two SQLite queues at FULL and NORMAL; the same
 with 1, 4 and 8 writer threads in one process (group commit); the inline embed +
 ``collection.add`` path; ``add`` latency while a dispatcher process drains a backlog into
-embedded Chroma; drain throughput per sink with 1 and 2 dispatcher processes; the Chroma
+embedded Chroma, and beside ``outbox drain``, ``outbox run`` and an in-process dispatcher
+(``backfill_modes``); drain throughput per sink with 1 and 2 dispatcher processes; the Chroma
 drain of LoCoMo turns beside the embedder's own best throughput on them; ``add`` and
 claim cost at growing outbox sizes; peak RSS of a dispatcher draining a big backlog; the
 command line's start beside the interpreter's.
@@ -35,8 +36,18 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from benchmarks import drain, embed_drain, plots, scale, startup, threads, writepath
+from benchmarks import (
+    backfill_modes,
+    drain,
+    embed_drain,
+    plots,
+    scale,
+    startup,
+    threads,
+    writepath,
+)
 from benchmarks.common import NOOP_SINK, bench_settings, load_average, percentile, summarize
+from outbox.sinks.chroma_service import SharedServer
 
 REPO = Path(__file__).resolve().parent.parent
 SECTIONS = ("write", "threads", "inline", "backfill", "drain", "embed", "scale", "rss", "startup")
@@ -52,6 +63,10 @@ FULL_PLAN: dict[str, Any] = {
     "backfill_records": 10_000,
     "backfill_idle_calls": 1000,
     "backfill_pace_s": 0.01,
+    "backfill_modes": ["drain", "run", "inproc"],
+    "backfill_mode_writes": 1000,
+    "backfill_mode_backlog": 3000,
+    "backfill_mode_rounds": 2,
     "drain_noop_records": 20_000,
     "drain_chroma_records": 2000,
     "drain_brainlayer_records": 1500,
@@ -76,6 +91,10 @@ QUICK_PLAN: dict[str, Any] = {
     "backfill_records": 300,
     "backfill_idle_calls": 150,
     "backfill_pace_s": 0.01,
+    "backfill_modes": ["drain", "run", "inproc"],
+    "backfill_mode_writes": 150,
+    "backfill_mode_backlog": 600,
+    "backfill_mode_rounds": 1,
     "drain_noop_records": 1000,
     "drain_chroma_records": 150,
     "drain_brainlayer_records": 100,
@@ -213,13 +232,17 @@ def section_inline(folder: Path, plan: dict[str, Any]) -> dict[str, Any]:
 
 def section_backfill(folder: Path, plan: dict[str, Any]) -> dict[str, Any]:
     settings = bench_settings(folder, sinks="chroma")
-    result = drain.backfill_run(
-        settings,
-        plan["backfill_records"],
-        plan["backfill_idle_calls"],
-        plan["backfill_pace_s"],
-        folder / "logs",
-    )
+    try:
+        result = drain.backfill_run(
+            settings,
+            plan["backfill_records"],
+            plan["backfill_idle_calls"],
+            plan["backfill_pace_s"],
+            folder / "logs",
+        )
+    finally:
+        with SharedServer(settings.chroma_path, 0.0).stopped():
+            pass  # the server the dispatcher started ends with the section, not 10 min later
     idle, busy = result.pop("idle_samples"), result.pop("busy_samples")
     result["idle"] = summarize(idle, 1.0)
     result["busy"] = summarize(busy, 1.0)
@@ -227,6 +250,14 @@ def section_backfill(folder: Path, plan: dict[str, Any]) -> dict[str, Any]:
     result["busy_curve_ms"] = curve(busy)
     result["idle_lock_wait"] = summarize(result.pop("idle_lock_waits"), 1.0)
     result["busy_lock_wait"] = summarize(result.pop("busy_lock_waits"), 1.0)
+    # Issue 24: the ways a user meets it, each mode against its own idle phase.
+    result["modes"] = backfill_modes.run(
+        [backfill_modes.Mode.parse(name) for name in plan["backfill_modes"]],
+        plan["backfill_mode_writes"],
+        plan["backfill_mode_backlog"],
+        plan["backfill_mode_rounds"],
+        plan["backfill_pace_s"],
+    )
     return result
 
 
@@ -459,6 +490,18 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
             ratio <= GOAL_BACKFILL_P99_RATIO and clean,
             f"errors {backfill['errors']}, fallbacks {backfill['fallbacks']}",
         )
+        for mode, rows in backfill_modes.by_mode(backfill.get("modes", {})).items():
+            ratio = max(row["p99_ratio"] for row in rows)
+            clean = all(backfill_modes.clean(row) for row in rows)
+            goal(
+                f"add p99 beside {backfill_modes.DESCRIBED.get(mode, mode)} / idle p99",
+                ratio,
+                GOAL_BACKFILL_P99_RATIO,
+                ratio <= GOAL_BACKFILL_P99_RATIO and clean,
+                f"the worst of {len(rows)} rounds, writer in its own process"
+                if mode != "inproc"
+                else f"the worst of {len(rows)} rounds",
+            )
         lag = backfill.get("idle_mirror_lag", {})
         if lag.get("records"):
             goal(
@@ -635,6 +678,8 @@ def report(results: dict[str, Any]) -> str:
             f"{backfill['drain_per_s']:,.0f} records/s ({backfill['drain_wall_s']:.0f} s from "
             f"launch to the last record).",
         ]
+        if backfill.get("modes"):
+            lines += ["", backfill_modes.table(backfill["modes"])]
     drains = results.get("drain")
     if drains:
         lines += [

@@ -44,7 +44,8 @@ class Settings:
     brainlayer_mcp: str | None = None
     embedding: str = "minilm"
     # ONNX threads of the embedder (0: the cores but one, so writers keep a core) and how far
-    # ``outbox run`` lowers its own CPU priority (a nice increment; 0 leaves it).
+    # ``outbox run`` and ``outbox drain`` lower their own CPU priority (a nice increment; 0
+    # leaves it).
     embed_threads: int = 0
     run_nice: int = 10
     max_retries: int = 10

@@ -90,7 +90,19 @@ def _totals(progress: dict[str, SinkProgress]) -> str:
     )
 
 
+def _lower_priority() -> None:
+    """Nice this process by ``OUTBOX_RUN_NICE`` before any thread starts (each inherits it, as
+    does a Chroma server it starts): a backfill, by the daemon or by a one-off drain, leaves
+    the writers the CPU. On an otherwise idle machine it costs the drain nothing."""
+    import os
+
+    from outbox.core.config import load_settings
+
+    os.nice(load_settings().run_nice)
+
+
 def cmd_drain(args: argparse.Namespace) -> int:
+    _lower_priority()
     with open_outbox() as ob:
         shown = sys.stderr.isatty() and not (args.json or args.quiet)
         progress = _ProgressLine(ob.undelivered_count()) if shown else None
@@ -104,14 +116,10 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import os
     import signal
     import threading
 
-    from outbox.core.config import load_settings
-
-    # Before any thread starts (each inherits it): a backfill leaves the writers the CPU.
-    os.nice(load_settings().run_nice)
+    _lower_priority()
     stop = threading.Event()
 
     def _stop(_signum: int, _frame: object) -> None:
