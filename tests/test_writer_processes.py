@@ -1,0 +1,160 @@
+"""Several writer processes on one store: they share the mirror lock with each other (never
+with repair, verify or a drain's outcome lines), and a SIGKILL of every one of them mid-write
+loses nothing and duplicates nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from outbox import Outbox, Settings
+from outbox.core.errors import MirrorBusy
+from outbox.mirror.lock import MirrorLock
+from tests.helpers.subproc import WRITER, child_env
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from outbox.mirror.lock import MirrorLock
+lock = MirrorLock(Path(sys.argv[1]))
+with lock.hold(time.monotonic() + 30, exclusive=sys.argv[2] == "exclusive"):
+    print("held", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def holder(script: str, *args: str) -> subprocess.Popen[str]:
+    """A real process holding a lock until a line arrives on its stdin."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "held"
+    return child
+
+
+def let_go(child: subprocess.Popen[str]) -> None:
+    assert child.stdin is not None
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    assert child.wait(30) == 0
+
+
+def test_writers_share_the_mirror_lock_and_an_exclusive_holder_waits_for_them(
+    tmp_path: Path,
+) -> None:
+    """Another process committing holds the lock shared: a writer here gets it too, while
+    repair or verify (exclusive) waits until that writer is done, and no writer gets in
+    while an exclusive holder is inside."""
+    path = tmp_path / "mirror.jsonl.lock"
+    lock = MirrorLock(path)
+    writer = holder(HOLD, str(path), "shared")
+    try:
+        with lock.hold(time.monotonic() + 10, exclusive=False):
+            pass
+        with pytest.raises(MirrorBusy), lock.hold(time.monotonic() + 0.3):
+            pass
+    finally:
+        let_go(writer)
+    with lock.hold(time.monotonic() + 10):
+        pass
+    repair = holder(HOLD, str(path), "exclusive")
+    try:
+        with pytest.raises(MirrorBusy), lock.hold(time.monotonic() + 0.3, exclusive=False):
+            pass
+    finally:
+        let_go(repair)
+    with lock.hold(time.monotonic() + 10, exclusive=False):
+        pass
+    lock.close()
+
+
+def start_writer(env: dict[str, str], cwd: Path, seed: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, str(WRITER), "crash", str(seed)],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def kill_all_while_writing(
+    children: list[subprocess.Popen[bytes]], rng: random.Random
+) -> list[str]:
+    """Wait until each writer has returned a write, let them race a random while, SIGKILL
+    them all; the keys whose ``add``/``add_many`` returned."""
+    outputs = {child.pid: b"" for child in children}
+    selector = selectors.DefaultSelector()
+    for child in children:
+        assert child.stdout is not None
+        selector.register(child.stdout, selectors.EVENT_READ, child)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not all(b"\n" in out for out in outputs.values()):
+        for key, _ in selector.select(timeout=0.1):
+            child = key.data
+            outputs[child.pid] += os.read(key.fileobj.fileno(), 65536)  # type: ignore[union-attr]
+    selector.close()
+    assert all(b"\n" in out for out in outputs.values()), [
+        child.stderr.read() if child.stderr else b"" for child in children if child.poll()
+    ]
+    time.sleep(rng.uniform(0.05, 0.3))
+    for child in children:
+        child.send_signal(signal.SIGKILL)
+    returned: list[str] = []
+    for child in children:
+        rest, _ = child.communicate(timeout=30)
+        assert child.returncode == -signal.SIGKILL
+        output = outputs[child.pid] + rest
+        returned += output[: output.rfind(b"\n") + 1].decode("ascii").split()
+    return returned
+
+
+@pytest.mark.slow
+def test_writer_processes_killed_together_lose_nothing_and_mirror_each_record_once(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Three processes write at once (single adds and batches, some sharing a slug), all
+    SIGKILLed mid-write, three times: every returned key is stored, and after the reopen's
+    repair each record has exactly one accepted line and one file, in one unbroken chain."""
+    rng = random.Random(20261202)
+    env = child_env(
+        home=settings.home, markdown_dir=str(settings.markdown_dir), sinks=",".join(settings.sinks)
+    )
+    Outbox.open(settings).close()  # the store exists before the writers race to open it
+    returned: list[str] = []
+    for round_number in range(3):
+        children = [start_writer(env, tmp_path, 100 * round_number + n) for n in range(3)]
+        returned += kill_all_while_writing(children, rng)
+        with Outbox.open(settings) as ob:
+            stored = ob.storage.records.get_records(returned)
+            assert set(stored) == set(returned), f"round {round_number}: a returned key is lost"
+            check = ob.verify()
+            assert check.ok, (round_number, check.problems)
+            assert check.records == check.markdown_files == ob.storage.records.count_records()
+    assert len(set(returned)) == len(returned)
+    with Outbox.open(settings) as ob:
+        accepted = Counter(
+            str(line.event["key"])
+            for line in ob.mirrors.jsonl.lines()
+            if line.event.get("event") == "accepted"
+        )
+        assert set(accepted.values()) == {1}
+        assert len(accepted) == ob.storage.records.count_records() >= len(returned)
+        assert len(list(settings.markdown_dir.glob("*.md"))) == len(accepted)
+        assert ob.mirrors.jsonl.verify_chain() == []
+        modes = {path.stat().st_mode & 0o777 for path in settings.markdown_dir.glob("*.md")}
+        assert modes == {0o600}
