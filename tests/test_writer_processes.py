@@ -1,6 +1,7 @@
 """Several writer processes on one store: they share the mirror lock with each other (never
-with repair, verify or a drain's outcome lines), and a SIGKILL of every one of them mid-write
-loses nothing and duplicates nothing.
+with repair, verify or a drain's outcome lines, which still get it within their bound while
+the writers write back to back), and a SIGKILL of every one of them mid-write loses nothing
+and duplicates nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from outbox import Outbox, Settings
 from outbox.core.errors import MirrorBusy
 from outbox.mirror.lock import MirrorLock
 from tests.helpers.subproc import WRITER, child_env
+from tests.test_mirror_writer import PROBE
 
 HOLD = """
 import sys, time
@@ -158,3 +160,36 @@ def test_writer_processes_killed_together_lose_nothing_and_mirror_each_record_on
         assert ob.mirrors.jsonl.verify_chain() == []
         modes = {path.stat().st_mode & 0o777 for path in settings.markdown_dir.glob("*.md")}
         assert modes == {0o600}
+
+
+def test_writer_processes_writing_back_to_back_still_let_an_exclusive_holder_in(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Three processes write back to back, holding the lock shared; another process asking
+    for it alone (as repair or a dispatcher's outcome lines do) gets it within its 3 s bound
+    every time: each writer hands it over before its next commit."""
+    env = child_env(
+        home=settings.home, markdown_dir=str(settings.markdown_dir), sinks=",".join(settings.sinks)
+    )
+    Outbox.open(settings).close()
+    lock_path = settings.jsonl_path.with_name(settings.jsonl_path.name + ".lock")
+    children = [start_writer(env, tmp_path, 500 + n) for n in range(3)]
+    try:
+        time.sleep(1.0)  # the writers are under way
+        assert all(child.poll() is None for child in children)
+        probe = subprocess.run(
+            [sys.executable, "-c", PROBE, str(lock_path), "3"],
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        for child in children:
+            child.send_signal(signal.SIGKILL)
+            child.communicate(timeout=30)
+    assert probe.returncode == 0, probe.stderr.decode()
+    waits = [float(wait) for wait in probe.stdout.split()]
+    assert len(waits) >= 5
+    assert -1.0 not in waits, waits  # never past its 3 s bound
+    with Outbox.open(settings) as ob:
+        assert ob.verify().ok
