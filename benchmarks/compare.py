@@ -660,13 +660,15 @@ def report(results: dict[str, Any]) -> str:
                 for name, stats in bulk["batches"].items()
             ),
             "\n### Writer processes on one store (synchronous=FULL)\n",
-            "| processes | path | writes | records/s | / one process | CPU µs per record |",
-            "|---:|---|---:|---:|---:|---:|",
+            "| processes | path | writes | records/s | / one process | CPU µs per record "
+            "| p99 ms | max ms |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|",
         ]
         for name, table in bulk["processes"].items():
             lines += [
                 f"| {count} | {name} | {stats['writes']:,} | {stats['per_s']:,.0f} | "
-                f"{stats['scaling']:.2f}x | {stats['cpu_us_per_record']:,.0f} |"
+                f"{stats['scaling']:.2f}x | {stats['cpu_us_per_record']:,.0f} | "
+                f"{stats.get('p99_ms', 0.0):.1f} | {stats.get('max_ms', 0.0):.1f} |"
                 for count, stats in table.items()
             ]
     inline = results.get("inline")

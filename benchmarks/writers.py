@@ -28,7 +28,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import bench_settings, memories, open_outbox, quiet_gc, time_calls
+from benchmarks.common import (
+    bench_settings,
+    memories,
+    open_outbox,
+    percentile,
+    quiet_gc,
+    time_calls,
+)
 
 BATCH_SIZES = (100, 1000)
 SYNCHRONOUS = "FULL"
@@ -168,14 +175,15 @@ def worker() -> None:
         seconds = float(line)
         before = os.times()
         begin = time.perf_counter()
-        first = writes
-        while time.perf_counter() - begin < seconds:
+        latencies: list[float] = []
+        while (tick := time.perf_counter()) - begin < seconds:
             call(f"{label} {writes} {texts[writes % len(texts)]}")
+            latencies.append(round((time.perf_counter() - tick) * 1000, 3))
             writes += 1
         wall = time.perf_counter() - begin
         after = os.times()
         cpu = (after.user - before.user) + (after.system - before.system)
-        print(json.dumps({"writes": writes - first, "wall": wall, "cpu_s": cpu}), flush=True)
+        print(json.dumps({"wall": wall, "cpu_s": cpu, "latencies_ms": latencies}), flush=True)
     close()
 
 
@@ -214,17 +222,19 @@ class _Writers:
         assert process.stdout is not None
         return process.stdout.readline().strip()
 
-    def window(self, seconds: float) -> dict[str, float]:
-        """Every process writes for ``seconds``; their summed writes and CPU, longest wall."""
+    def window(self, seconds: float) -> dict[str, Any]:
+        """Every process writes for ``seconds``; their summed writes and CPU, longest wall,
+        and every call's latency."""
         for process in self.processes:
             assert process.stdin is not None
             process.stdin.write(f"{seconds}\n")
             process.stdin.flush()
         outcomes = [json.loads(self._line(process)) for process in self.processes]
         return {
-            "writes": sum(outcome["writes"] for outcome in outcomes),
+            "writes": sum(len(outcome["latencies_ms"]) for outcome in outcomes),
             "wall": max(outcome["wall"] for outcome in outcomes),
             "cpu_s": sum(outcome["cpu_s"] for outcome in outcomes),
+            "latencies_ms": [value for outcome in outcomes for value in outcome["latencies_ms"]],
         }
 
     def stop(self) -> None:
@@ -253,11 +263,11 @@ def processes(
     contenders: dict[str, tuple[str, Path | None]] = {kind: (kind, None) for kind in KINDS}
     for name, library in (baselines or {}).items():
         contenders[f"add ({name})"] = ("add", library)
-    totals: dict[str, dict[int, dict[str, float]]] = {name: {} for name in contenders}
+    totals: dict[str, dict[int, dict[str, Any]]] = {name: {} for name in contenders}
     stores = {name: f"store-{number}" for number, name in enumerate(contenders)}
     for name in contenders:
         for count in counts:
-            totals[name][count] = {"writes": 0, "wall": 0.0, "cpu_s": 0.0}
+            totals[name][count] = {"writes": 0, "wall": 0.0, "cpu_s": 0.0, "latencies_ms": []}
     groups: list[_Writers] = []
     try:
         for count in counts:  # each round: every count, and every contender at each count
@@ -282,6 +292,8 @@ def processes(
                 "per_s": total["writes"] / total["wall"],
                 "scaling": total["writes"] / total["wall"] / one,
                 "cpu_us_per_record": total["cpu_s"] / max(1.0, total["writes"]) * 1e6,
+                "p99_ms": percentile(total["latencies_ms"], 0.99),
+                "max_ms": max(total["latencies_ms"]),
             }
             for count, total in per_count.items()
         }

@@ -10,6 +10,7 @@ import os
 import random
 import selectors
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ import pytest
 from outbox import Outbox, Settings
 from outbox.core.errors import MirrorBusy
 from outbox.mirror.lock import MirrorLock
+from outbox.store.transactions import begin_immediate
 from tests.helpers.subproc import WRITER, child_env
 from tests.test_mirror_writer import PROBE
 
@@ -28,10 +30,22 @@ HOLD = """
 import sys, time
 from pathlib import Path
 from outbox.mirror.lock import MirrorLock
+from outbox.store.transactions import begin_immediate
 lock = MirrorLock(Path(sys.argv[1]))
 with lock.hold(time.monotonic() + 30, exclusive=sys.argv[2] == "exclusive"):
     print("held", flush=True)
     sys.stdin.readline()
+"""
+
+
+BEGIN = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+conn.execute("INSERT INTO t VALUES (1)")
+print("held", flush=True)
+sys.stdin.readline()
+conn.execute("COMMIT")
 """
 
 
@@ -82,6 +96,36 @@ def test_writers_share_the_mirror_lock_and_an_exclusive_holder_waits_for_them(
     with lock.hold(time.monotonic() + 10, exclusive=False):
         pass
     lock.close()
+
+
+def test_begin_immediate_waits_for_another_process_and_gives_up_at_its_bound(
+    tmp_path: Path,
+) -> None:
+    """The writer's own wait for the database lock: SQLITE_BUSY once its bound has passed
+    while another process holds the lock, the lock once that process commits."""
+    database = tmp_path / "store.db"
+    setup = sqlite3.connect(database, isolation_level=None)
+    setup.execute("PRAGMA journal_mode = WAL")
+    setup.execute("CREATE TABLE t (x INTEGER)")
+    setup.close()
+    conn = sqlite3.connect(database, isolation_level=None, timeout=0)
+    other = holder(BEGIN, str(database))
+    try:
+        with pytest.raises(sqlite3.OperationalError) as busy:
+            begin_immediate(conn, 0.2)
+        assert busy.value.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
+    finally:
+        let_go(other)
+    other = holder(BEGIN, str(database))
+    assert other.stdin is not None
+    other.stdin.write("go\n")  # it commits while this process waits
+    other.stdin.flush()
+    begin_immediate(conn, 30.0)
+    conn.execute("INSERT INTO t VALUES (2)")
+    conn.execute("COMMIT")
+    assert other.wait(30) == 0
+    assert sorted(row[0] for row in conn.execute("SELECT x FROM t")) == [1, 1, 2]
+    conn.close()
 
 
 def start_writer(env: dict[str, str], cwd: Path, seed: int) -> subprocess.Popen[bytes]:
