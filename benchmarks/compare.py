@@ -3,9 +3,11 @@
     .venv/bin/python -m benchmarks.compare            # the full run (about 19 minutes)
     .venv/bin/python -m benchmarks.compare --quick    # a smoke run (under 3 minutes)
 
-Sections (``--only write,threads,inline,backfill,drain,embed,scale,rss,startup`` runs a subset): the
-write path against the bare-SQLite floors and two SQLite queues at FULL and NORMAL; the same
-with 1, 4 and 8 writer threads in one process (group commit); the inline embed +
+Sections (``--only write,threads,writers,inline,backfill,drain,embed,scale,rss,startup`` runs a
+subset): the write path against the bare-SQLite floors and two SQLite queues at FULL and NORMAL;
+the same with 1, 4 and 8 writer threads in one process (group commit); bulk writes as a user
+does them, ``add_many`` beside one queue writer's ``put`` and 1, 2 and 4 writer processes on one
+store beside the queues' (``benchmarks/writers.py``); the inline embed +
 ``collection.add`` path; ``add`` latency while a dispatcher process drains a backlog into
 embedded Chroma, and beside ``outbox drain``, ``outbox run`` and an in-process dispatcher
 (``backfill_modes``); drain throughput per sink with 1 and 2 dispatcher processes; the Chroma
@@ -45,12 +47,24 @@ from benchmarks import (
     startup,
     threads,
     writepath,
+    writers,
 )
 from benchmarks.common import NOOP_SINK, bench_settings, load_average, percentile, summarize
 from outbox.sinks.chroma_service import SharedServer
 
 REPO = Path(__file__).resolve().parent.parent
-SECTIONS = ("write", "threads", "inline", "backfill", "drain", "embed", "scale", "rss", "startup")
+SECTIONS = (
+    "write",
+    "threads",
+    "writers",
+    "inline",
+    "backfill",
+    "drain",
+    "embed",
+    "scale",
+    "rss",
+    "startup",
+)
 
 FULL_PLAN: dict[str, Any] = {
     "write_calls": 2000,
@@ -59,6 +73,10 @@ FULL_PLAN: dict[str, Any] = {
     "threads_counts": [1, 4, 8],
     "threads_seconds": 9.0,
     "threads_rounds": 3,
+    "writers_records": 30_000,
+    "writers_counts": [1, 2, 4],
+    "writers_seconds": 3.0,
+    "writers_rounds": 3,
     "inline_calls": 200,
     "backfill_records": 10_000,
     "backfill_idle_calls": 1000,
@@ -87,6 +105,10 @@ QUICK_PLAN: dict[str, Any] = {
     "threads_counts": [1, 4],
     "threads_seconds": 1.0,
     "threads_rounds": 1,
+    "writers_records": 3000,
+    "writers_counts": [1, 2],
+    "writers_seconds": 1.0,
+    "writers_rounds": 1,
     "inline_calls": 30,
     "backfill_records": 300,
     "backfill_idle_calls": 150,
@@ -122,6 +144,7 @@ GOAL_SEARCH_MS = 500.0  # issue 22: the whole command, wall, on a 10,000-record 
 GOAL_INLINE_SPEEDUP = 30.0
 GOAL_DISPATCHER_OVERHEAD = 0.10
 GOAL_SCALE_RATIO = 1.5
+GOAL_PROCESS_SCALING = 1.5  # issue 24: 2 writer processes / 1
 
 
 def log(message: str) -> None:
@@ -220,6 +243,20 @@ def section_threads(folder: Path, plan: dict[str, Any]) -> dict[str, Any]:
         plan["threads_seconds"],
         plan["threads_rounds"],
     )
+
+
+def section_writers(folder: Path, plan: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "batches": writers.batches(
+            folder / "batches", plan["writers_records"], plan["writers_rounds"]
+        ),
+        "processes": writers.processes(
+            folder / "processes",
+            tuple(plan["writers_counts"]),
+            plan["writers_seconds"],
+            plan["writers_rounds"],
+        ),
+    }
 
 
 def section_inline(folder: Path, plan: dict[str, Any]) -> dict[str, Any]:
@@ -406,6 +443,7 @@ def section_startup(folder: Path, plan: dict[str, Any]) -> dict[str, Any]:
 RUNNERS: dict[str, Callable[[Path, dict[str, Any]], Any]] = {
     "write": section_write,
     "threads": section_threads,
+    "writers": section_writers,
     "inline": section_inline,
     "backfill": section_backfill,
     "drain": section_drain,
@@ -479,6 +517,29 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
             ratio >= 1.0,
             "writes per second, same run",
         )
+    bulk = results.get("writers")
+    if bulk:
+        one_put = bulk["batches"]["persist-queue put"]["per_s"]
+        for size in writers.BATCH_SIZES:
+            ratio = _ratio(bulk["batches"][f"add_many {size}"]["per_s"], one_put)
+            goal(
+                f"add_many of {size:,} / persist-queue put, one writer (FULL)",
+                ratio,
+                1.0,
+                ratio >= 1.0,
+                "records per second, alternating rounds, same run",
+            )
+        scaled = bulk["processes"]["add"].get("2")
+        if scaled:
+            goal(
+                "add, 2 writer processes / 1 process, one store (FULL)",
+                scaled["scaling"],
+                GOAL_PROCESS_SCALING,
+                scaled["scaling"] >= GOAL_PROCESS_SCALING,
+                "records per second, alternating rounds; persist-queue "
+                f"{bulk['processes']['persist-queue put']['2']['scaling']:.2f}x, litequeue "
+                f"{bulk['processes']['litequeue put']['2']['scaling']:.2f}x",
+            )
     backfill = results.get("backfill")
     if backfill:
         ratio = _ratio(backfill["busy"]["p99_us"], backfill["idle"]["p99_us"])
@@ -630,6 +691,30 @@ def report(results: dict[str, Any]) -> str:
                     f"{_ms(stats['median_us'])} | {_ms(stats['p99_us'])} | "
                     f"{stats['per_s'] / floor:.2f}x |"
                 )
+    bulk = results.get("writers")
+    if bulk:
+        one_put = bulk["batches"]["persist-queue put"]["per_s"]
+        lines += [
+            "\n### Bulk writes: add_many beside one queue writer (synchronous=FULL)\n",
+            "| path | records | records/s | median ms per call | / persist-queue put |",
+            "|---|---:|---:|---:|---:|",
+            *(
+                f"| {name} | {stats['records']:,} | {stats['per_s']:,.0f} | "
+                f"{stats['call_median_ms']:.2f} | {stats['per_s'] / one_put:.2f}x |"
+                for name, stats in bulk["batches"].items()
+            ),
+            "\n### Writer processes on one store (synchronous=FULL)\n",
+            "| processes | path | writes | records/s | / one process | CPU µs per record "
+            "| p99 ms | max ms |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name, table in bulk["processes"].items():
+            lines += [
+                f"| {count} | {name} | {stats['writes']:,} | {stats['per_s']:,.0f} | "
+                f"{stats['scaling']:.2f}x | {stats['cpu_us_per_record']:,.0f} | "
+                f"{stats.get('p99_ms', 0.0):.1f} | {stats.get('max_ms', 0.0):.1f} |"
+                for count, stats in table.items()
+            ]
     inline = results.get("inline")
     if inline:
         add = write["FULL"]["add"]["median_us"] if write else None
@@ -834,9 +919,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.replot:
-        results = json.loads(args.out.read_text(encoding="utf-8"))
-        results["figures"] = draw(results, args.img_dir)
-        tables = report(results)
+        stored: dict[str, Any] = json.loads(args.out.read_text(encoding="utf-8"))
+        stored["figures"] = draw(stored, args.img_dir)
+        tables = report(stored)
         args.out.with_suffix(".md").write_text(tables.lstrip() + "\n", encoding="utf-8")
         print(tables)
         return 0

@@ -1,11 +1,13 @@
 """The JSONL mirror: an append-only, hash-chained log of every record and delivery event.
 
 Each line carries ``prev``, the SHA-256 of the previous line's bytes, so ``outbox verify`` can
-prove no line was edited, dropped or reordered. Appends happen under the mirror lock.
+prove no line was edited, dropped or reordered. Appends happen under the mirror lock (shared
+between writer processes) and the log's own lock.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -124,10 +126,22 @@ class JsonlLog:
         return 0
 
     def append(self, events: Sequence[Mapping[str, Any]]) -> None:
-        """Append events as chained lines in one write; undo a partial write."""
+        """Append events as chained lines in one write; undo a partial write.
+
+        Writer processes share the mirror lock, so each append takes the log's own ``flock``
+        (held for the write alone): every line names the hash of the line before it.
+        """
         if not events:
             return
-        fd, size = self._handle()
+        fd, _ = self._handle()
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            self._append(fd, os.fstat(fd).st_size, events)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _append(self, fd: int, size: int, events: Sequence[Mapping[str, Any]]) -> None:
+        """The append, with the log's lock held: ``size`` is the file's now."""
         if self._cached and self._cached[0] == size:
             prev = self._cached[1]
         else:

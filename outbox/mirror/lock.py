@@ -1,14 +1,21 @@
-"""The mirror lock: one writer at a time across the commit and the mirror append.
+"""The mirror lock: writers share it across their commit and their mirror writes; everyone
+else (repair, verify, the dispatcher's outcome lines, forget, rebuild) holds it alone.
 
-Whoever holds it sees every committed record either mirrored or left by a writer that died;
-that is what lets repair append a missing record without ever racing a live writer into a
-duplicate. A commit's mirrors are written after the committing thread has left (by the
-process's mirror writer, ``mirror/writer.py``), so the process keeps the ``flock`` until
+Whoever holds it alone sees every committed record either mirrored or left by a writer that
+died; that is what lets repair append a missing record without ever racing a live writer
+into a duplicate. A commit's mirrors are written after the committing thread has left (by
+the process's mirror writer, ``mirror/writer.py``), so the process keeps its ``flock`` until
 they are written (``retain``/``release``): another process still never sees a committed
 record whose mirrors a live writer has yet to write, and a holder in this process other than
 a committing writer first waits for them.
 
-Kept that way, the flock could stay with a process whose threads commit back to back. So a
+Writers of several processes hold the flock shared: they need nothing of each other here
+(SQLite orders their commits, and the log's appends take their own short lock,
+``JsonlLog.append``). With the flock exclusive for writers too, two writer processes took
+turns one commit at a time, each handing over only after its mirror writes were done: two
+processes wrote half as many records as one.
+
+Kept that way, the flock could stay with processes whose threads commit back to back. So a
 process waiting for it says so, with a shared lock on ``<jsonl>.lock.want``, and polls often;
 a process keeping the flock for its queued mirror writes checks that file before its next
 commit and, when someone waits, lets its mirror writes finish, gives the flock up and waits
@@ -39,7 +46,8 @@ class MirrorLock:
     """An ``flock`` on ``<jsonl>.lock`` plus a thread lock (flock is per open file, not thread).
 
     The flock is this process's from the first holder until no thread holds the lock and no
-    retained mirror write is left.
+    retained mirror write is left: shared while only committing writers held it since it was
+    taken, exclusive otherwise.
     """
 
     def __init__(self, path: Path) -> None:
@@ -49,6 +57,7 @@ class MirrorLock:
         self._retained = 0  # committed records whose mirrors are still to be written
         self._inside = False  # a thread holds the lock
         self._flocked = False  # this process holds the flock
+        self._shared = False  # ... shared (writers only), not exclusive
         self._fd: int | None = None
         self._want_fd: int | None = None
 
@@ -69,7 +78,8 @@ class MirrorLock:
         """Hold the lock; raise MirrorBusy if ``deadline`` (monotonic) passes first.
 
         ``exclusive`` (everyone but a committing writer) also waits until the mirror writes
-        this process retained are done, so the holder finds the files as the database says.
+        this process retained are done, so the holder finds the files as the database says,
+        and holds the flock alone; a committing writer shares it with other processes'.
         """
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not self._thread_lock.acquire(timeout=-1 if remaining is None else remaining):
@@ -82,11 +92,13 @@ class MirrorLock:
                 self._inside = True
                 if exclusive:
                     self._wait_written(deadline)
+                    if self._flocked and self._shared:  # nothing retained: let go, then
+                        self._unlock()  # take it alone (a conversion is not atomic anyway)
                 flocked = self._flocked
             if handing_over:
                 self._let_waiters_in(deadline)
             if not flocked:
-                self._take_flock(deadline)
+                self._take_flock(deadline, exclusive)
             yield
         finally:
             with self._state:
@@ -118,16 +130,18 @@ class MirrorLock:
         while self._others_wait() and time.monotonic() < until:
             time.sleep(WAITING_PAUSE / 2)
 
-    def _take_flock(self, deadline: float | None) -> None:
+    def _take_flock(self, deadline: float | None, exclusive: bool) -> None:
         fd = self._open()
+        mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
         except BlockingIOError:
-            self._wait_for_flock(fd, deadline)
+            self._wait_for_flock(fd, mode, deadline)
         with self._state:
             self._flocked = True
+            self._shared = not exclusive
 
-    def _wait_for_flock(self, fd: int, deadline: float | None) -> None:
+    def _wait_for_flock(self, fd: int, mode: int, deadline: float | None) -> None:
         """Poll for the flock, saying meanwhile (a shared lock on the want file) that this
         process waits, so a process keeping it for queued mirror writes hands it over."""
         want = self._want()
@@ -140,7 +154,7 @@ class MirrorLock:
                         fcntl.flock(want, fcntl.LOCK_SH | fcntl.LOCK_NB)
                         wanting = True
                 try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(fd, mode | fcntl.LOCK_NB)
                     return
                 except BlockingIOError:
                     if deadline is not None and time.monotonic() + pause > deadline:
@@ -157,9 +171,13 @@ class MirrorLock:
         """Give the flock back once nobody holds the lock and nothing is retained (call
         with ``_state`` held)."""
         if self._flocked and not self._inside and self._retained == 0:
-            assert self._fd is not None
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            self._flocked = False
+            self._unlock()
+
+    def _unlock(self) -> None:
+        """Give the flock back (call with ``_state`` held)."""
+        assert self._fd is not None
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._flocked = self._shared = False
 
     def retain(self, count: int) -> None:
         """Keep the flock for ``count`` records' mirror writes after the holder leaves (the
@@ -195,7 +213,7 @@ class MirrorLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-            self._flocked = False
+            self._flocked = self._shared = False
         if self._want_fd is not None:
             os.close(self._want_fd)
             self._want_fd = None

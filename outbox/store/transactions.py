@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -25,6 +26,11 @@ if TYPE_CHECKING:
     from outbox.store.storage import Storage
 
 T = TypeVar("T")
+
+# ``begin_immediate``'s pauses between tries for the database lock, as the mirror lock's
+# waiters poll: a try costs a failed statement, so not more often than this.
+BEGIN_FIRST_PAUSE = 0.0005
+BEGIN_LONGEST_PAUSE = 0.002
 
 
 class RowWrites(Protocol):
@@ -75,7 +81,7 @@ class SqliteTransactions:
     """``BEGIN IMMEDIATE`` ... ``COMMIT`` on the writer's own bare-driver connection, kept
     between writes: no pool checkout per write, and no SQLAlchemy. Only the thread holding
     the mirror lock uses it; one that saw an error is dropped and the next write opens
-    another. A shortened lock wait is a ``busy_timeout`` for that transaction only.
+    another. Its wait for the database lock is ``begin_immediate``'s.
     """
 
     def __init__(self, connect: Callable[[], sqlite3.Connection], busy_timeout: float) -> None:
@@ -92,15 +98,12 @@ class SqliteTransactions:
     def transaction(self, lock_wait: float | None) -> Iterator[sqlite3.Connection]:
         if self._connection is None:
             self._connection = self.connect()
+            self._connection.execute("PRAGMA busy_timeout = 0")  # begin_immediate waits
         driver = self._connection
         try:
-            if lock_wait is not None:
-                driver.execute(f"PRAGMA busy_timeout = {max(0, int(lock_wait * 1000))}")
-            driver.execute("BEGIN IMMEDIATE")
+            begin_immediate(driver, self.busy_timeout if lock_wait is None else lock_wait)
             yield driver
             driver.execute("COMMIT")
-            if lock_wait is not None:
-                driver.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
         except BaseException:
             self.close()  # closing a connection inside a transaction rolls it back
             raise
@@ -119,6 +122,30 @@ class SqliteTransactions:
             with contextlib.suppress(Exception):
                 self._connection.close()
             self._connection = None
+
+
+def begin_immediate(driver: sqlite3.Connection, wait: float) -> None:
+    """``BEGIN IMMEDIATE`` on a connection with no busy timeout, tried again every
+    millisecond or two until ``wait`` seconds pass; the last try's SQLITE_BUSY is raised.
+
+    SQLite's own busy handler sleeps 1, 2, 5, 10 ... 100 ms between tries: a writer process
+    that met another's transaction could sleep through dozens of the other's commits, and
+    one ``add`` of two writer processes took up to half a second (of four, over one). Once
+    the lock is held nothing inside a WAL transaction waits for one (the snapshot is taken,
+    the commit's checkpoint is passive), so the connection needs no busy timeout of its own.
+    """
+    deadline = time.monotonic() + wait
+    pause = BEGIN_FIRST_PAUSE
+    while True:
+        try:
+            driver.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError as exc:
+            busy = getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_BUSY
+            if not busy or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, BEGIN_LONGEST_PAUSE)
 
 
 def transactions_for(settings: Settings, storage: Callable[[], Storage]) -> Transactions:
