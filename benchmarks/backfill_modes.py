@@ -39,6 +39,7 @@ from typing import Any
 
 from benchmarks.common import (
     bench_settings,
+    environment,
     head_commit,
     load_average,
     memories,
@@ -166,27 +167,11 @@ class _Paced:
 
 
 @contextlib.contextmanager
-def _environ(extra: dict[str, str]) -> Iterator[None]:
-    """``extra`` in this process's environment for the block (the in-process drainer reads
-    its settings, embed threads among them, from there)."""
-    saved = {name: os.environ.get(name) for name in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-@contextlib.contextmanager
 def _drainer(mode: Mode, settings: Settings, outbox: Outbox, log: Path) -> Iterator[int]:
     """The backlog's drainer running for the block; yields the pid doing the embedding."""
     if mode.kind == "inproc":
         stop = threading.Event()
-        with _environ(mode.env), outbox.dispatcher() as dispatcher:
+        with environment(mode.env), outbox.dispatcher() as dispatcher:
             thread = threading.Thread(target=dispatcher.run, args=(stop,), daemon=True)
             thread.start()
             try:

@@ -93,6 +93,22 @@ def outbox_environ(settings: Settings, **extra: str) -> dict[str, str]:
     return env
 
 
+@contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment for the block (code that reads its settings
+    from there, an in-process dispatcher say), the previous values put back after."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def open_outbox(settings: Settings) -> Outbox:
     outbox = Outbox.open(settings)
     if outbox.unavailable:

@@ -32,7 +32,7 @@ import sqlite3
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -49,7 +49,14 @@ from benchmarks import (
     writepath,
     writers,
 )
-from benchmarks.common import NOOP_SINK, bench_settings, load_average, percentile, summarize
+from benchmarks.common import (
+    NOOP_SINK,
+    bench_settings,
+    environment,
+    load_average,
+    percentile,
+    summarize,
+)
 from outbox.sinks.chroma_service import SharedServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -310,20 +317,6 @@ def _brainlayer_env(root: Path) -> dict[str, str] | str:
         return f"BrainLayer unavailable: {exc}"
     (root / "home").mkdir(parents=True, exist_ok=True)
     return brainlayer_environ(root)
-
-
-@contextlib.contextmanager
-def environment(values: dict[str, str]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def section_drain(folder: Path, plan: dict[str, Any]) -> dict[str, Any]:
