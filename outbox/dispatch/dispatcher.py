@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -31,6 +31,7 @@ from outbox.store.wakeup import Listener
 if TYPE_CHECKING:
     from outbox.core.config import Settings
     from outbox.mirror.mirrors import Mirrors
+    from outbox.store.rows import StoredRecord
     from outbox.store.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -144,10 +145,11 @@ class Dispatcher:
         for event in self._wakes.values():
             event.set()
 
-    def mirror_outcomes(self) -> None:
-        """Write settled outcomes to the mirrors (JSONL events, front matter)."""
+    def mirror_outcomes(self, known: Mapping[str, StoredRecord] | None = None) -> None:
+        """Write settled outcomes to the mirrors (JSONL events, front matter); ``known`` are
+        records the batch already read, which the sync then does not read again."""
         try:
-            self.mirrors.sync_deliveries()
+            self.mirrors.sync_deliveries(known)
         except Exception as exc:
             log.warning(
                 "mirror update after delivery failed (%s); repair will redo it",

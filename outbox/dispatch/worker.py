@@ -159,7 +159,7 @@ class SinkWorker:
         ]
         if live:
             self._deliver(live, [stored[claim.key].record for claim in live])
-        d.mirror_outcomes()
+        d.mirror_outcomes(stored)
         if d.on_progress:
             d.on_progress(self.progress)
         delivered, deleted = self.progress.delivered, self.progress.deleted

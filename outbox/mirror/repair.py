@@ -9,6 +9,7 @@ what was written since the last repair, not to the size of the log.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -28,6 +29,8 @@ from outbox.store.steady import log_owed
 from outbox.store.storage import Storage
 
 log = logging.getLogger(__name__)
+
+MIRROR_BATCH = 1000  # outcomes read and mirrored at a time
 
 
 class Restored(StrEnum):
@@ -236,25 +239,33 @@ class MirrorSync:
         report.put_back(Restored.CUT_SHORT_FILE if torn else Restored.MISSING_FILE, item.record.key)
 
     def sync_deliveries(
-        self, seen: set[tuple[str, str, str]] | None = None, report: RepairReport | None = None
+        self,
+        seen: set[tuple[str, str, str]] | None = None,
+        report: RepairReport | None = None,
+        *,
+        known: Mapping[str, StoredRecord] | None = None,
     ) -> RepairReport:
         """Mirror outcomes the dispatcher committed but has not yet written out.
 
         ``seen`` holds events already in the log (repair after a crash); the dispatcher's
-        own call right after settling passes None.
+        own call right after settling passes None, and ``known``, the records of the batch
+        it settled: unchanged since (content and name are fixed; a forget is looked up
+        again), so they are not read twice.
         """
         report = report or RepairReport()
         while True:
-            rows = self.storage.mirror_state.mirror_pending(self.mirror_id)
-            if not rows:
+            rows = self.storage.mirror_state.mirror_pending(self.mirror_id, MIRROR_BATCH)
+            if rows:
+                self.apply(rows, seen, report, known)
+            if len(rows) < MIRROR_BATCH:  # a short page was the last: no empty query after it
                 return report
-            self.apply(rows, seen, report)
 
     def apply(
         self,
         rows: list[DeliveryRow],
         seen: set[tuple[str, str, str]] | None,
         report: RepairReport,
+        known: Mapping[str, StoredRecord] | None = None,
     ) -> None:
         """Write events and front matter for ``rows``, then clear their pending flag."""
         lines = []
@@ -269,7 +280,9 @@ class MirrorSync:
         self.jsonl.append(lines)
         report.lines_appended += len(lines)
         keys = sorted({row.key for row in rows})
-        stored = self.storage.records.get_records(keys)
+        stored = {key: known[key] for key in keys if key in known} if known else {}
+        if len(stored) < len(keys):
+            stored.update(self.storage.records.get_records(k for k in keys if k not in stored))
         all_rows = self.storage.deliveries.deliveries_for(keys)
         for key in keys:
             item = stored.get(key)
@@ -290,6 +303,11 @@ class MirrorSync:
         try:
             current, body = markdown.read(path)
         except FileNotFoundError:
+            # Read again: a record the caller knew may have been forgotten since, and a
+            # forget's deleted file must not come back.
+            fresh = self.storage.records.get_records([key]).get(key)
+            if fresh is None or fresh.forgotten:
+                return
             ensure_private_dir(self.markdown_dir)
             markdown.write_new(path, markdown.render(state, item.record.content))
             report.files_written += 1
@@ -311,7 +329,7 @@ class MirrorSync:
         if merged != current or body != content:
             # A body that differs (a writer cut off mid-file, an edit) is restored from the
             # database first: new front matter never seals a wrong body in.
-            markdown.write_atomic(path, markdown.render(merged, content), durable=False)
+            markdown.overwrite(path, markdown.render(merged, b""), content)
             report.front_matter_updated += 1
             if body != content:
                 report.files_written += 1

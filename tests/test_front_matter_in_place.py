@@ -1,0 +1,119 @@
+"""The delivery sync rewrites front matter in place (``markdown.overwrite``), not through a
+temporary file: a dispatcher SIGKILLed at random moments while it mirrors outcomes leaves
+files that the next open puts right, and nothing a reader could mistake for a record."""
+
+from __future__ import annotations
+
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from outbox import Outbox, load_settings
+from outbox.core.states import REASON_DELIVERED
+from outbox.mirror import markdown
+from tests.helpers.checks import split_markdown
+from tests.helpers.subproc import child_env
+
+SINK = "outbox.testing.sinks:NoopSink"
+TOTAL = 240
+KILLS = 12
+
+
+def _delivered(db: Path) -> tuple[int, int]:
+    """(rows delivered, outcomes settled but not yet mirrored), read without opening the
+    outbox (an open would repair what the test means to leave for the last one)."""
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30) as conn:
+        delivered, owed = conn.execute(
+            "SELECT count(*) FILTER (WHERE state = 'delivered'), sum(mirror_pending)"
+            " FROM deliveries"
+        ).fetchone()
+    return int(delivered), int(owed or 0)
+
+
+def test_dispatchers_killed_mid_sync_leave_no_torn_file(tmp_path: Path) -> None:
+    settings = load_settings(
+        env={}, home=tmp_path / ".outbox", markdown_dir=tmp_path / "notes", sinks=SINK
+    )
+    rng = random.Random(20261202)
+    # Bodies of one to three pages: a file rewritten in place spans pages, so a kill can
+    # land between them, and a front matter that grows moves every byte after it.
+    contents = [
+        f"memory {i}: "
+        + " ".join(f"word{rng.randrange(10_000)}" for _ in range(rng.randrange(450, 1400)))
+        for i in range(TOTAL)
+    ]
+    with Outbox.open(settings) as ob:
+        receipts = ob.add_many(contents)
+    keys = [receipt.key for receipt in receipts]
+    paths = {receipt.key: receipt.markdown_path for receipt in receipts}
+    db = settings.home / "outbox.db"
+    env = child_env(
+        settings.home,
+        markdown_dir=str(settings.markdown_dir),
+        sinks=SINK,
+        batch_size="8",
+        lease_seconds="1",
+    )
+    kills = owed_after_kill = 0
+    while kills < KILLS:
+        before, _ = _delivered(db)
+        if before == TOTAL:
+            break
+        child = subprocess.Popen(
+            [sys.executable, "-m", "outbox", "drain"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            # Kill only once it delivers: at any moment after, most of its time is the sync.
+            while _delivered(db)[0] == before and child.poll() is None:
+                time.sleep(0.002)
+            time.sleep(rng.uniform(0, 0.03))
+            child.send_signal(signal.SIGKILL)
+        finally:
+            child.wait(timeout=60)
+        kills += 1
+        owed_after_kill += _delivered(db)[1] > 0
+    with Outbox.open(settings) as ob:  # the open repairs what a killed sync left
+        ob.drain(timeout=120)
+        report = ob.verify()
+        assert report.ok, report.problems
+        for key, content in zip(keys, contents, strict=True):
+            matter, body = split_markdown(Path(paths[key]))
+            assert body == content.encode(), key[:12]
+            assert matter["key"] == key and matter["reason"] == REASON_DELIVERED, key[:12]
+    assert _delivered(db) == (TOTAL, 0)
+    assert kills >= 3, "the drain outran the kills: no sync was interrupted"
+    # No temporary copy was made, so none was left behind.
+    assert not [p for p in settings.markdown_dir.iterdir() if p.name.endswith(".tmp")]
+    # At least one kill left outcomes settled but unmirrored for the open to finish.
+    assert owed_after_kill, f"{kills} kills, none between a settle and its mirror sync"
+
+
+def test_a_torn_in_place_rewrite_is_restored_from_the_database(tmp_path: Path) -> None:
+    """What a kill between pages leaves (the new front matter whole, then the old bytes
+    shifted), with the outcome still owed: the next sync restores the body."""
+    settings = load_settings(
+        env={}, home=tmp_path / ".outbox", markdown_dir=tmp_path / "notes", sinks=SINK
+    )
+    content = "a long memory " * 800
+    with Outbox.open(settings) as ob:
+        receipt = ob.add(content)
+        ob.wait_mirrored(30)
+        path = Path(receipt.markdown_path)
+        old = path.read_bytes()
+        ob.drain(timeout=30)
+        new = path.read_bytes()
+        assert new != old and new.endswith(content.encode())
+        # Put the file back as a kill after the first page would have left it, and owe the
+        # outcome again, as a sync killed before its clearing commit leaves it.
+        path.write_bytes(new[: markdown._PAGE] + old[markdown._PAGE :])
+        with ob.storage.engine.begin() as conn:
+            conn.exec_driver_sql("UPDATE deliveries SET mirror_pending = 1")
+        ob.mirrors.sync_deliveries()
+        assert path.read_bytes() == new
