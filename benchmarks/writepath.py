@@ -326,7 +326,7 @@ def breakdown(folder: Path, synchronous: str, calls: int) -> dict[str, float]:
     writer = outbox.writer
     mirrors = writer.mirrors
     outbox.prepare = timed("validate + key + slug", outbox.prepare)  # type: ignore[method-assign]
-    mirrors.render_new = timed("render the file (caller)", mirrors.render_new)  # type: ignore[method-assign]
+    mirrors.render_new = timed("render the file (mirror thread)", mirrors.render_new)  # type: ignore[method-assign]
     writer.insert_group = timed("lookup + inserts", writer.insert_group)  # type: ignore[method-assign]
     mirrors.defer = timed("queue for the mirror writer", mirrors.defer)  # type: ignore[method-assign]
     writer.commit = timed("commit", writer.commit)  # type: ignore[method-assign]

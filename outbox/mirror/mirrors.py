@@ -39,12 +39,13 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class NewMirror:
     """A committed record's mirrors to write: its ``accepted`` line and, unless it adopted
-    an existing file (``data`` None), its markdown file, rendered by the caller."""
+    an existing file, its markdown file (``new_file``), rendered by the mirror writer: off
+    the committing caller's clock, on the core that is free while the commit's fsync waits."""
 
     record: Record
     seq: int
     markdown_name: str
-    data: bytes | None
+    new_file: bool
 
 
 class Mirrors:
@@ -161,7 +162,7 @@ class Mirrors:
         names: list[str] = []
         try:
             for item in items:
-                names.append(item.markdown_name if item.data is None else self._create(item))
+                names.append(self._create(item) if item.new_file else item.markdown_name)
         except OSError as exc:
             log.warning("markdown mirror write failed (%s); repair will restore it", exc.strerror)
         names += [item.markdown_name for item in items[len(names) :]]
@@ -176,8 +177,8 @@ class Mirrors:
         """Create the record's file; returns its name. If another key's file took the name
         after the commit chose it (a fallback file written meanwhile, outside the mirror
         lock), move the record to its ``-<key8>`` name rather than leave it without a file."""
-        assert item.data is not None
-        if self.create_file(item.markdown_name, item.data):
+        data = self.render_new(item.record)
+        if self.create_file(item.markdown_name, data):
             return item.markdown_name
         owner = self.owner_of(item.markdown_name)
         if owner in (item.record.key, ""):  # already ours, or unreadable: repair's to judge
@@ -191,7 +192,7 @@ class Mirrors:
         except Exception as exc:  # the record stands; verify will name the file
             log.warning("could not move a record off a taken file name (%s)", type(exc).__name__)
             return item.markdown_name
-        self.create_file(name, item.data)
+        self.create_file(name, data)
         return name
 
     def create_file(self, name: str, data: bytes) -> bool:

@@ -46,11 +46,10 @@ class Accepted:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A record ready to commit, with its markdown file already rendered by its caller
-    (``data``), or the existing file it adopts (``adopt``: a fallback or legacy file)."""
+    """A record ready to commit, and the existing file it adopts, if any (``adopt``: a
+    fallback or legacy file) instead of a new one."""
 
     record: Record
-    data: bytes | None
     adopt: str | None = None
 
 
@@ -95,7 +94,7 @@ class Writer:
         ``adopt`` names an existing markdown file (a fallback or legacy file) that becomes
         the record's mirror instead of a new one.
         """
-        (accepted,) = self.insert_group(conn, [Prepared(record, None, adopt)], now)
+        (accepted,) = self.insert_group(conn, [Prepared(record, adopt)], now)
         return accepted
 
     def enqueue(self, conn: Any, record: Record, now: float) -> Accepted:
@@ -166,22 +165,15 @@ class Writer:
         ``adopted`` maps keys to existing markdown files that become their mirrors (replay);
         such a call commits alone and returns once the mirrors are written. Otherwise the
         records may share a transaction with other threads' records: all of them commit, or
-        none (each caller then falls back). Each caller renders its own files first, so the
-        leader of a group does not render for everyone.
+        none (each caller then falls back).
         """
         deadline = time.monotonic() + self.busy_timeout + WRITE_MARGIN_SECONDS
         if adopted:
-            items = [
-                Prepared(record, None, adopted[record.key])
-                if record.key in adopted
-                else Prepared(record, self.mirrors.render_new(record))
-                for record in records
-            ]
+            items = [Prepared(record, adopted.get(record.key)) for record in records]
             accepted = self._transact(items, deadline)
             self.mirrors.flush()  # replay stamps its files and reports them as imported
             return accepted
-        items = [Prepared(record, self.mirrors.render_new(record)) for record in records]
-        return self.queue.submit(items, deadline)
+        return self.queue.submit([Prepared(record) for record in records], deadline)
 
     def _transact(self, items: Sequence[Prepared], deadline: float) -> list[Accepted]:
         """The transaction under the mirror lock, cut off at ``deadline`` where the database
@@ -201,7 +193,7 @@ class Writer:
                 accepted = self.insert_group(conn, items, now)
             self.mirrors.defer(
                 [
-                    NewMirror(done.record, done.seq or 0, done.markdown_name, item.data)
+                    NewMirror(done.record, done.seq or 0, done.markdown_name, item.adopt is None)
                     for done, item in zip(accepted, items, strict=True)
                     if not done.duplicate
                 ],
