@@ -135,14 +135,42 @@ def _simple_front_matter(matter: Mapping[str, Any]) -> str | None:
         return None  # all scalars: the dumper writes the whole mapping in flow style, {..}
     lines = []
     for key, value in matter.items():
-        if type(key) is not str or len(key) > _MAX_SIMPLE_KEY:
+        kind = _KINDS.get(type(value))
+        if kind is None or type(key) is not str:
             return None
-        name = _scalar(key, flow=False)
-        text = "" if value is None else _value(value)
-        if name is None or text is None:
+        frozen = value if kind in _SCALARS else tuple(value.items() if kind == "dict" else value)
+        line = _line(key, kind, frozen)
+        if line is None:
             return None
-        lines.append(f"{name}: {text}\n" if text else f"{name}:\n")
+        lines.append(line)
     return "".join(lines) or None
+
+
+# The exact types front matter may hold here, by name: the cache's key keeps True apart
+# from 1 (equal, and equally hashed) and a list apart from a tuple.
+_KINDS: dict[type, str] = {
+    bool: "bool",
+    int: "int",
+    str: "str",
+    type(None): "none",
+    list: "list",
+    dict: "dict",
+}
+_SCALARS = frozenset(("bool", "int", "str", "none"))
+
+
+@functools.lru_cache(maxsize=4096)  # most lines recur from file to file: only two are unique
+def _line(key: str, kind: str, frozen: Any) -> str | None:
+    """One ``key: value`` line, ``frozen`` being the value made hashable (a list or dict as
+    a tuple of its items)."""
+    if len(key) > _MAX_SIMPLE_KEY:
+        return None
+    value = list(frozen) if kind == "list" else dict(frozen) if kind == "dict" else frozen
+    name = _scalar(key, flow=False)
+    text = "" if value is None else _value(value)
+    if name is None or text is None:
+        return None
+    return f"{name}: {text}\n" if text else f"{name}:\n"
 
 
 # A line of simple front matter as ``_simple_front_matter`` writes it: a plain key, then a
@@ -202,13 +230,20 @@ def _simple_matter(text: str) -> dict[str, Any] | None:
     matter: dict[str, Any] = {}
     try:
         for line in text[:-1].split("\n"):
-            found = _MATTER_LINE.fullmatch(line)
-            if found is None or _plain_tag(found.group(1)) != _STR_TAG:
-                return None
-            matter[found.group(1)] = _read_value(found.group(2) or "")
+            name, value = _read_line(line)
+            matter[name] = value.copy() if type(value) in (list, dict) else value
     except _NotSimple:
         return None
     return matter or None
+
+
+@functools.lru_cache(maxsize=4096)  # most lines recur from file to file: only two are unique
+def _read_line(line: str) -> tuple[str, Any]:
+    """One line's key and value (shared by the cache: the caller copies a list or dict)."""
+    found = _MATTER_LINE.fullmatch(line)
+    if found is None or _plain_tag(found.group(1)) != _STR_TAG:
+        raise _NotSimple
+    return found.group(1), _read_value(found.group(2) or "")
 
 
 def parse(data: bytes) -> tuple[dict[str, Any], bytes]:
