@@ -174,3 +174,19 @@ def test_a_records_front_matter_is_read_directly() -> None:
 )
 def test_anything_else_is_left_to_the_loader(text: str) -> None:
     assert markdown._simple_matter(text) is None
+
+
+def test_the_line_caches_keep_types_apart_and_hand_out_copies() -> None:
+    """``True == 1`` and they hash alike, so the render cache must tell them apart; a list
+    read from a cached line must be the caller's own to change."""
+    for value, text in ((True, "a: true\n"), (1, "a: 1\n"), (True, "a: true\n"), (0, "a: 0\n")):
+        matter = {"a": value, "tags": ["x"]}
+        assert markdown._simple_front_matter(matter) == text + "tags: [x]\n" == dumped(matter)
+    first = markdown._simple_matter("tags: [x, y]\nsinks: {a: b}\n")
+    assert first == {"tags": ["x", "y"], "sinks": {"a": "b"}}
+    first["tags"].append("z")
+    first["sinks"]["c"] = "d"
+    assert markdown._simple_matter("tags: [x, y]\nsinks: {a: b}\n") == {
+        "tags": ["x", "y"],
+        "sinks": {"a": "b"},
+    }
