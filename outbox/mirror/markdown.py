@@ -2,7 +2,8 @@
 
 Simple front matter (every record's own) is written directly; anything else goes through
 libyaml's safe dumper when present, which is faster than the pure-Python one. What the front
-matter says is decided in ``mirror/matter.py``.
+matter says is decided in ``mirror/matter.py``. A write that replaces a file goes through a
+temp file beside it, whose name this module alone makes and reads back.
 """
 
 from __future__ import annotations
@@ -316,6 +317,7 @@ STALE_TEMP_AGE = 3600.0
 
 
 def _writer_gone(pid: int) -> bool:
+    """Whether no process has ``pid``: a writer that still runs may rename its temp file yet."""
     try:
         os.kill(pid, 0)
     except (ProcessLookupError, OverflowError):  # no such process (none can have that pid)
