@@ -1,4 +1,5 @@
-"""A forget's mirror work: redact the record's log line in place and delete its file.
+"""A forget's mirror work: redact the record's log line in place and delete its file (and
+any temp copy of it a killed writer left).
 
 The log stays append-only in every other way and its chain stays provable: before the
 accepted line is overwritten, a ``forgotten`` line is appended naming that line's offset and
@@ -188,8 +189,17 @@ class Redactor:
             os.close(fd)
 
     def _delete_file(self, item: StoredRecord) -> None:
+        """The record's file, and any temp copy of it a writer killed before its rename left
+        (present or not, the file's name finds them)."""
         if item.markdown_name:
             remove_copy(self.markdown_dir, item.markdown_name, item.record.key)
+            temps = markdown.remove_stale_temps(self.markdown_dir, item.markdown_name)
+            if temps:
+                log.info(
+                    "record %s: %d temporary copies of its markdown file removed",
+                    item.record.key[:12],
+                    temps,
+                )
 
     def sweep(self, key: str) -> int:
         """Remove every file in the markdown folder that still carries the forgotten

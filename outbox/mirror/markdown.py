@@ -2,7 +2,8 @@
 
 Simple front matter (every record's own) is written directly; anything else goes through
 libyaml's safe dumper when present, which is faster than the pure-Python one. What the front
-matter says is decided in ``mirror/matter.py``.
+matter says is decided in ``mirror/matter.py``. A write that replaces a file goes through a
+temp file beside it, whose name this module alone makes and reads back.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ import contextlib
 import functools
 import os
 import re
+import stat
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -314,15 +317,93 @@ def write_new(path: Path | str, data: bytes) -> bool:
     return True
 
 
+class TempName(NamedTuple):
+    """What a temp file's name says: the file it was to become, and the writer's process
+    and thread."""
+
+    target: str
+    pid: int
+    tid: int
+
+
+def temp_name(target: str, pid: int, tid: int) -> str:
+    """The name ``write_atomic`` gives its temp file of ``target``: hidden, in the same
+    folder, one per process and thread, so two writers never share (and truncate) one."""
+    return f".{target}.{pid}-{tid}.tmp"
+
+
+# Exactly what ``temp_name`` writes: decimal numbers without leading zeros, so a name that
+# parses is the name its writer used, and a person's look-alike file is never taken for one.
+_TEMP_NAME = re.compile(r"\.(.+)\.(0|[1-9][0-9]*)-(0|[1-9][0-9]*)\.tmp", re.DOTALL)
+
+
+def parse_temp_name(name: str) -> TempName | None:
+    """The target and writer of a name ``temp_name`` gave, or None for any other name: the
+    one reading forget and verify use to find a temp file a killed writer left (pure)."""
+    found = _TEMP_NAME.fullmatch(name)
+    if found is None:
+        return None
+    return TempName(found.group(1), int(found.group(2)), int(found.group(3)))
+
+
+# After this long a temp file is stale even if its pid runs: that process is another one by
+# now (pids are reused), as no write holds its temp file for more than moments.
+STALE_TEMP_AGE = 3600.0
+
+
+def _writer_gone(pid: int) -> bool:
+    """Whether no process has ``pid``: a writer that still runs may rename its temp file yet."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # no such process (none can have that pid)
+        return True
+    except PermissionError:  # another user's process: alive
+        return False
+    return False
+
+
+def stale_temps(folder: Path, target: str | None = None) -> list[TempName]:
+    """The temp files in ``folder`` (of ``target`` only, when given) whose writer was killed
+    before its rename: its pid runs no process, or the file is older than ``STALE_TEMP_AGE``.
+    Each is a whole copy of what was written; a live writer's temp is never among them."""
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return []
+    now = time.time()
+    found = []
+    for entry in entries:
+        temp = parse_temp_name(entry.name)
+        if temp is None or (target is not None and temp.target != target):
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:  # renamed into place meanwhile
+            continue
+        if stat.S_ISREG(info.st_mode) and (
+            _writer_gone(temp.pid) or now - info.st_mtime > STALE_TEMP_AGE
+        ):
+            found.append(temp)
+    return found
+
+
+def remove_stale_temps(folder: Path, target: str | None = None) -> int:
+    """Delete what ``stale_temps`` finds; returns how many."""
+    temps = stale_temps(folder, target)
+    for temp in temps:
+        (folder / temp_name(*temp)).unlink(missing_ok=True)
+    return len(temps)
+
+
 def write_atomic(path: Path, data: bytes, *, exclusive: bool = False, durable: bool = True) -> bool:
     """Durably write ``path``: temp file, fsync, rename (or link), fsync of the folder.
 
     With ``exclusive`` an existing file is left alone and False is returned. Used where the
     file is the only copy (the fallback queue) and for in-place front-matter updates.
-    ``durable=False`` skips both fsyncs where the database can rebuild the file.
+    ``durable=False`` skips both fsyncs where the database can rebuild the file. A writer
+    killed before the rename leaves its temp file: ``stale_temps`` finds it.
     """
-    # Per thread: two threads writing the same name must not share (and truncate) one temp.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    tmp = path.with_name(temp_name(path.name, os.getpid(), threading.get_ident()))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     _fill(fd, data, tmp, fsync=durable)
     try:

@@ -50,6 +50,7 @@ class RepairReport:
     front_matter_updated: int = 0
     forgets_finished: int = 0
     reanchored: int = 0
+    temps_removed: int = 0  # temp files of writers killed before their rename (``full``)
     problems: list[str] = field(default_factory=list)
     # Per kind, the keys of the records whose mirrors were put back (delivery outcomes
     # mirrored on their usual way are counted above, not listed).
@@ -125,7 +126,8 @@ class MirrorSync:
 
     def run(self, full: bool = False) -> RepairReport:
         """Caller holds the mirror lock. ``full`` rescans every record and the whole log
-        (``outbox verify --repair``), e.g. for a markdown file deleted long after its write."""
+        (``outbox verify --repair``), e.g. for a markdown file deleted long after its write,
+        and removes the temp files of writers killed before their rename."""
         report = RepairReport()
         before = self.jsonl.size()
         size = self.jsonl.repair_tail()
@@ -164,6 +166,8 @@ class MirrorSync:
         ).run()
         if full:  # an operator's repair: breaks in the middle are recorded, never rewritten
             report.reanchored = reanchor(self.jsonl)
+            # and the folder is read whole, for temp copies a killed writer left
+            report.temps_removed = markdown.remove_stale_temps(self.markdown_dir)
         size, last_line = self.jsonl.end()
         if (last_seq, size, last_line) != (seq, offset, remembered):  # no write when idle
             self.storage.mirror_state.set_mirror_watermark(

@@ -202,9 +202,10 @@ def verify(
     history_end: int | None = None,
 ) -> VerifyReport:
     """Read-only proof: the database's own check, the log's chain, every field the log shares
-    with the database (delivery outcomes included), each record's markdown file, and no
-    file left carrying a forgotten record. ``history_end``: the newest ``seq`` the database
-    had given out when its history is judged (default: what it holds now)."""
+    with the database (delivery outcomes included), each record's markdown file, no file
+    left carrying a forgotten record, and no temp file a killed writer left. ``history_end``:
+    the newest ``seq`` the database had given out when its history is judged (default: what
+    it holds now)."""
     report = VerifyReport()
     try:
         for problem in storage.integrity_problems():
@@ -221,6 +222,7 @@ def verify(
     newest = 0
     live_names: set[str] = set()
     forgotten: set[str] = set()
+    owners: dict[str, str] = {}  # markdown name -> key, to name a stale temp's record
     for item in storage.records.iter_records(origin=mirror_id):
         batch.append(item)
         newest = item.seq
@@ -228,6 +230,8 @@ def verify(
             forgotten.add(item.record.key)
         else:
             live_names.add(item.markdown_name)
+        if item.markdown_name:
+            owners[item.markdown_name] = item.record.key
         if len(batch) == 500:
             _check_batch(storage, batch, index, markdown_dir, jsonl.path, report)
             batch = []
@@ -239,7 +243,27 @@ def verify(
             f"record {key[:12]}: forgotten, but a markdown file still carries it "
             f"(`outbox forget {key[:12]}` removes it)"
         )
+    _check_temps(markdown_dir, owners, report)
     return report
+
+
+def _check_temps(markdown_dir: Path, owners: dict[str, str], report: VerifyReport) -> None:
+    """Temp files of writers killed before their rename: each a whole copy of a file, named
+    by its record's key prefix, or only counted (never by its name, which carries words)."""
+    counts: dict[str | None, int] = {}
+    for temp in markdown.stale_temps(markdown_dir):
+        key = owners.get(temp.target)
+        counts[key] = counts.get(key, 0) + 1
+    for key, count in counts.items():
+        what = (
+            f"{count} stale temporary file(s) of no record in {markdown_dir}"
+            if key is None
+            else f"record {key[:12]}: {count} stale temporary file(s) of its markdown file"
+        )
+        report.add(
+            f"{what}, left by a writer killed before its rename "
+            "(`outbox verify --repair` removes them)"
+        )
 
 
 def _check_unheld(index: _LogIndex, newest: int, report: VerifyReport) -> None:

@@ -94,17 +94,18 @@ def cmd_status(args: argparse.Namespace) -> int:
 SHOWN_KEYS = 10
 
 
-def _restored_lines(restored: dict[str, list[str]]) -> list[str]:
+def _restored_lines(restored: dict[str, list[str]], temps_removed: int) -> list[str]:
     """What a repair put back, a line per kind: how many, and the records' key prefixes
-    (never a file's name, which carries the first words of its memory)."""
-    if not restored:
-        return ["repair: nothing to restore"]
+    (never a file's name, which carries the first words of its memory); and how many temp
+    files of killed writers it removed."""
     lines = []
     for what, prefixes in restored.items():
         shown = ", ".join(prefixes[:SHOWN_KEYS])
         more = f" and {len(prefixes) - SHOWN_KEYS} more" if len(prefixes) > SHOWN_KEYS else ""
         lines.append(f"restored {what}: {len(prefixes)} ({shown}{more})")
-    return lines
+    if temps_removed:
+        lines.append(f"removed stale temporary files: {temps_removed}")
+    return lines or ["repair: nothing to restore"]
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -130,7 +131,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
             for what, keys in repaired.restored.items()
         }
         payload["restored"] = restored
-        lines = _restored_lines(restored)
+        payload["temps_removed"] = repaired.temps_removed
+        lines = _restored_lines(restored, repaired.temps_removed)
     forgotten = f" ({report.forgotten} forgotten)" if report.forgotten else ""
     summary = (
         f"{'OK' if report.ok else 'MISMATCH'}: {report.records} records{forgotten}, "
