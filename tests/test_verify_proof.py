@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
 
+from outbox import Outbox, load_settings
+from tests.helpers.checks import front_matter
 from tests.helpers.subproc import child_env, run_cli
 
 
@@ -192,3 +195,46 @@ def test_an_edited_middle_line_stays_visible_after_repair(
     assert any(keys[0][:12] in p and "importance" in p for p in problems)
     assert not any("does not chain" in p for p in problems), "the break itself is recorded"
     assert b'"event":"reanchored"' in path.read_bytes()
+
+
+def test_front_matter_behind_its_deliveries_is_found_then_rewritten(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """As a power cut can leave a file whose front matter a delivery rewrote in place: the
+    front matter from before the delivery, over the same body. A key added by hand stays."""
+    added = run_cli(
+        ["add", "a memory delivered before the power cut", "--json"], cwd=tmp_path, env=env
+    )
+    key = json.loads(added.stdout)["key"]
+    path = Path(json.loads(added.stdout)["markdown_path"])
+    if not path.is_absolute():
+        path = tmp_path / path
+    pending = path.read_bytes()
+    drained = run_cli(["drain", "--timeout", "60"], cwd=tmp_path, env=env)
+    assert drained.returncode == 0, drained.stdout + drained.stderr
+    delivered = front_matter(path)
+    assert delivered["reason"] == "delivered" and delivered["sink_ids"]
+    path.write_bytes(pending.replace(b"---\n", b"---\nnote: kept by hand\n", 1))
+
+    code, problems = verify(tmp_path, env)
+    assert code == 1
+    (problem,) = problems
+    assert problem.startswith(f"record {key[:12]}: its front matter's ")
+    assert all(name in problem for name in ("reason", "sinks", "sink_ids"))
+
+    code, problems = verify(tmp_path, env, "--repair")
+    assert (code, problems) == (0, [])
+    assert front_matter(path) == {"note": "kept by hand", **delivered}
+    assert path.read_bytes().endswith(b"\n---\na memory delivered before the power cut")
+
+
+def test_front_matter_is_not_judged_by_deliveries_retention_pruned(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """Retention deletes delivered rows and leaves the files their history: a file saying
+    ``delivered`` with no row behind it is no disagreement."""
+    keys = delivered_store(tmp_path, env)
+    settings = load_settings(env=env)
+    with Outbox.open(settings) as ob:
+        assert ob.storage.deliveries.prune_delivered(settings.sinks, time.time() + 60) == len(keys)
+    assert verify(tmp_path, env) == (0, [])

@@ -93,6 +93,26 @@ def delivered(record: Record, rows: Sequence[DeliveryRow]) -> dict[str, Any]:
     return matter
 
 
+def judged_by(current: Mapping[str, object], rows: Sequence[DeliveryRow]) -> bool:
+    """Whether ``rows`` hold all that a file's delivery keys follow: every sink the file
+    names still has its row (retention prunes delivered rows; the file keeps their
+    history), and no outcome is still on its way to the files."""
+    sinks = current.get("sinks")
+    return (
+        isinstance(sinks, dict)
+        and bool(rows)
+        and set(sinks) == {row.sink for row in rows}
+        and not any(row.mirror_pending for row in rows)
+    )
+
+
+def up_to_date(
+    current: Mapping[str, Any], record: Record, rows: Sequence[DeliveryRow]
+) -> dict[str, Any]:
+    """A file's front matter as the deliveries say it should read now (its other keys kept)."""
+    return {**current, **delivery_updates(current, delivered(record, rows), rows)}
+
+
 def delivery_updates(
     current: Mapping[str, object], state: Mapping[str, object], rows: Sequence[DeliveryRow]
 ) -> dict[str, object]:

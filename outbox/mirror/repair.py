@@ -39,6 +39,7 @@ class Restored(StrEnum):
     MISSING_FILE = "missing markdown files"
     CUT_SHORT_FILE = "markdown files cut short"
     EDITED_BODY = "edited markdown bodies"
+    STALE_FRONT_MATTER = "markdown front matter behind the deliveries"
     MISSING_LINE = "missing JSONL lines"
 
 
@@ -226,13 +227,16 @@ class MirrorSync:
         self, item: StoredRecord, rows: list[DeliveryRow], report: RepairReport, full: bool
     ) -> None:
         """Write ``item``'s file if it is missing or cut short (``full``: restore an edited
-        body too)."""
+        body too, and front matter behind its settled deliveries, which a power cut after
+        an in-place rewrite can leave)."""
         path = self.markdown_dir / item.markdown_name
         torn = cut_short(path, item.record, rows)
         if not torn and path.exists():
             if full and restore_body(path, item.record):
                 report.files_written += 1
                 report.put_back(Restored.EDITED_BODY, item.record.key)
+            if full:
+                self._update_file(item, rows, report, judged=True)
             return
         data = markdown.render(matter.delivered(item.record, rows), item.record.content)
         if torn:
@@ -297,13 +301,18 @@ class MirrorSync:
         self.storage.mirror_state.clear_mirror_pending(rows)
 
     def _update_file(
-        self, item: StoredRecord, record_rows: list[DeliveryRow], report: RepairReport
+        self,
+        item: StoredRecord,
+        record_rows: list[DeliveryRow],
+        report: RepairReport,
+        *,
+        judged: bool = False,
     ) -> None:
         """Bring ``item``'s front matter in line with its delivery rows (and its body with
-        the database); a missing file is written whole."""
+        the database); a missing file is written whole. ``judged``: only where the rows
+        say all the front matter follows (``matter.judged_by``), as a full repair asks."""
         key = item.record.key
         path = self.markdown_dir / item.markdown_name
-        state = matter.delivered(item.record, record_rows)
         try:
             current, body = markdown.read(path)
         except FileNotFoundError:
@@ -313,6 +322,7 @@ class MirrorSync:
             if fresh is None or fresh.forgotten:
                 return
             ensure_private_dir(self.markdown_dir)
+            state = matter.delivered(item.record, record_rows)
             markdown.write_new(path, markdown.render(state, item.record.content))
             report.files_written += 1
             report.put_back(Restored.MISSING_FILE, key)
@@ -328,13 +338,17 @@ class MirrorSync:
                 f"record {key_prefix(key)}: its markdown file carries another key; left as it is"
             )
             return
-        merged = {**current, **matter.delivery_updates(current, state, record_rows)}
+        if judged and not matter.judged_by(current, record_rows):
+            return
+        merged = matter.up_to_date(current, item.record, record_rows)
         content = item.record.content.encode("utf-8")
         if merged != current or body != content:
             # A body that differs (a writer cut off mid-file, an edit) is restored from the
             # database first: new front matter never seals a wrong body in.
             markdown.overwrite(path, markdown.render(merged, b""), content)
             report.front_matter_updated += 1
+            if judged and merged != current:
+                report.put_back(Restored.STALE_FRONT_MATTER, key)
             if body != content:
                 report.files_written += 1
                 report.put_back(Restored.EDITED_BODY, key)

@@ -9,7 +9,7 @@ from typing import Any
 
 from outbox.core.keys import idempotency_key
 from outbox.core.states import SETTLED, DeliveryState, MirrorEvent
-from outbox.mirror import markdown
+from outbox.mirror import markdown, matter
 from outbox.mirror.forget import files_carrying, is_redacted
 from outbox.mirror.jsonl import JsonlLog
 from outbox.mirror.repair import delivery_event
@@ -175,10 +175,12 @@ def _check_forgotten(item: StoredRecord, index: _LogIndex, report: VerifyReport)
         report.add(f"record {key[:12]}: forgotten, but its markdown file is not yet removed")
 
 
-def _check_markdown(item: StoredRecord, markdown_dir: Path, report: VerifyReport) -> None:
+def _check_markdown(
+    item: StoredRecord, rows: list[DeliveryRow], markdown_dir: Path, report: VerifyReport
+) -> None:
     key = item.record.key
     try:
-        matter, body = markdown.read(markdown_dir / item.markdown_name)
+        found, body = markdown.read(markdown_dir / item.markdown_name)
     except FileNotFoundError:
         report.add(f"record {key[:12]}: its markdown file is missing from {markdown_dir}")
         return
@@ -186,12 +188,22 @@ def _check_markdown(item: StoredRecord, markdown_dir: Path, report: VerifyReport
         report.add(f"record {key[:12]}: its markdown file is unreadable ({_why(exc)})")
         return
     report.markdown_files += 1
-    if matter.get("key") not in (None, key):
+    if found.get("key") not in (None, key):
         report.add(f"record {key[:12]}: its markdown file carries another key")
+        return
     if body != item.record.content.encode("utf-8"):
         report.add(
             f"record {key[:12]}: the body of its markdown file differs from the stored content"
         )
+    if matter.judged_by(found, rows):
+        expected = matter.up_to_date(found, item.record, rows)
+        behind = [name for name, value in expected.items() if found.get(name) != value]
+        if behind:
+            report.add(
+                f"record {key[:12]}: its front matter's {', '.join(behind)} "
+                "differ from its deliveries in the database "
+                "(`outbox verify --repair` rewrites them)"
+            )
 
 
 def verify(
@@ -312,4 +324,4 @@ def _check_batch(
                     "holds it live (restored from before the forget? `outbox rebuild --merge` "
                     "finishes the forget)"
                 )
-            _check_markdown(item, markdown_dir, report)
+            _check_markdown(item, rows.get(key, []), markdown_dir, report)
