@@ -53,6 +53,9 @@ values = st.one_of(
     st.lists(leaves, max_size=3),
     st.dictionaries(texts, texts, max_size=3),
     st.dictionaries(texts, leaves, max_size=2),
+    # Nested (metadata can hold anything): always the dumper's, never a cached line.
+    st.dictionaries(texts, st.lists(texts, max_size=2), max_size=2),
+    st.lists(st.lists(texts, max_size=2), max_size=2),
 )
 matters = st.dictionaries(st.one_of(st.sampled_from(["key", "tags", "sinks"]), texts), values)
 
@@ -182,6 +185,9 @@ def test_the_line_caches_keep_types_apart_and_hand_out_copies() -> None:
     for value, text in ((True, "a: true\n"), (1, "a: 1\n"), (True, "a: true\n"), (0, "a: 0\n")):
         matter = {"a": value, "tags": ["x"]}
         assert markdown._simple_front_matter(matter) == text + "tags: [x]\n" == dumped(matter)
+    nested = {"tags": ["x"], "metadata": {"a": ["b"]}, "more": [["c"]]}
+    assert markdown._simple_front_matter(nested) is None
+    assert markdown.render(nested, b"").decode() == "---\n" + dumped(nested) + "---\n"
     first = markdown._simple_matter("tags: [x, y]\nsinks: {a: b}\n")
     assert first == {"tags": ["x", "y"], "sinks": {"a": "b"}}
     first["tags"].append("z")

@@ -142,7 +142,10 @@ def _simple_front_matter(matter: Mapping[str, Any]) -> str | None:
         if kind is None or type(key) is not str:
             return None
         frozen = value if kind in _SCALARS else tuple(value.items() if kind == "dict" else value)
-        line = _line(key, kind, frozen)
+        try:
+            line = _line(key, kind, frozen)
+        except TypeError:  # a list or dict inside it (unhashable): never simple front matter
+            return None
         if line is None:
             return None
         lines.append(line)
