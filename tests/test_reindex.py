@@ -349,3 +349,33 @@ def test_a_record_the_new_index_refuses_is_logged_by_key_prefix_never_by_content
     assert any(
         "secret plan" in r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG
     )
+
+
+def test_reindex_lowers_its_own_priority_like_a_drain(tmp_path: Path) -> None:
+    """It embeds every record, as a backfill does: its threads run at ``OUTBOX_RUN_NICE``
+    like ``outbox run`` and ``outbox drain`` (read back from ``/proc`` while it embeds)."""
+    from tests.test_dispatcher_leaves_a_core import nice_of
+
+    settings = _settings(tmp_path, "hashing")
+    _filled(settings, 200)
+    mine = os.nice(0)
+    env = {**_command_env(settings), "OUTBOX_TEST_EMBED_DELAY": "0.2", "OUTBOX_RUN_NICE": "3"}
+    log = tmp_path / "embedded.log"
+    env["OUTBOX_TEST_EMBED_LOG"] = str(log)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "outbox", "reindex", "--batch", "10"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (log.exists() and log.read_text()):  # embedding: past its start-up
+            assert child.poll() is None and time.monotonic() < deadline, "it ended first"
+            time.sleep(0.02)
+        tasks = [int(name) for name in os.listdir(f"/proc/{child.pid}/task")]
+        values = {nice_of(child.pid, task) for task in tasks}
+    finally:
+        child.send_signal(signal.SIGTERM)
+        child.wait(60)
+    assert values == {min(19, mine + 3)}, values

@@ -121,6 +121,17 @@ class Subcommands:
         self.parser.error(f"the following arguments are required: {self.metavar} (one of {names})")
 
 
+def lower_priority() -> None:
+    """Nice this process by ``OUTBOX_RUN_NICE`` before any thread starts (each inherits it, as
+    does a Chroma server it starts): a backfill (the daemon, a one-off drain, a reindex)
+    leaves the writers the CPU. On an otherwise idle machine it costs the backfill nothing."""
+    import os
+
+    from outbox.core.config import load_settings
+
+    os.nice(load_settings().run_nice)
+
+
 def add_verbosity(parser: argparse.ArgumentParser, *, subcommand: bool = False) -> None:
     """``-v``/``-q`` on the command and again on each subcommand, so ``outbox run -v`` works
     as ``outbox -v run`` does (a subcommand's flag wins; unset, it leaves the other alone)."""

@@ -20,6 +20,7 @@ from outbox.faces.cli.common import (
     Subcommands,
     add_verbosity,
     emit,
+    lower_priority,
     open_outbox,
 )
 
@@ -90,19 +91,8 @@ def _totals(progress: dict[str, SinkProgress]) -> str:
     )
 
 
-def _lower_priority() -> None:
-    """Nice this process by ``OUTBOX_RUN_NICE`` before any thread starts (each inherits it, as
-    does a Chroma server it starts): a backfill, by the daemon or by a one-off drain, leaves
-    the writers the CPU. On an otherwise idle machine it costs the drain nothing."""
-    import os
-
-    from outbox.core.config import load_settings
-
-    os.nice(load_settings().run_nice)
-
-
 def cmd_drain(args: argparse.Namespace) -> int:
-    _lower_priority()
+    lower_priority()
     with open_outbox() as ob:
         shown = sys.stderr.isatty() and not (args.json or args.quiet)
         progress = _ProgressLine(ob.undelivered_count()) if shown else None
@@ -119,7 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    _lower_priority()
+    lower_priority()
     stop = threading.Event()
 
     def _stop(_signum: int, _frame: object) -> None:

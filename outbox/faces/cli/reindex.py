@@ -10,7 +10,15 @@ import threading
 from typing import TYPE_CHECKING
 
 from outbox.faces.cli import numbers
-from outbox.faces.cli.common import EXIT_FAILED, EXIT_OK, AddCommand, emit, fail, open_outbox
+from outbox.faces.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    AddCommand,
+    emit,
+    fail,
+    lower_priority,
+    open_outbox,
+)
 from outbox.faces.cli.progress import StatusLine
 
 if TYPE_CHECKING:
@@ -51,6 +59,7 @@ def _text(report: ReindexReport) -> str:
 
 
 def cmd_reindex(args: argparse.Namespace) -> int:
+    lower_priority()  # it embeds every record, as a backfill does
     stop = threading.Event()
 
     def _stop(_signum: int, _frame: object) -> None:
