@@ -11,7 +11,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from outbox.core.record import Record
-from outbox.core.states import REASON_DELIVERED, REASON_PENDING, BuiltinSink, DeliveryState
+from outbox.core.states import (
+    REASON_DELIVERED,
+    REASON_PENDING,
+    SETTLED,
+    BuiltinSink,
+    DeliveryState,
+)
 
 if TYPE_CHECKING:
     from outbox.store.deliveries import DeliveryRow
@@ -94,15 +100,16 @@ def delivered(record: Record, rows: Sequence[DeliveryRow]) -> dict[str, Any]:
 
 
 def judged_by(current: Mapping[str, object], rows: Sequence[DeliveryRow]) -> bool:
-    """Whether ``rows`` hold all that a file's delivery keys follow: every sink the file
-    names still has its row (retention prunes delivered rows; the file keeps their
-    history), and no outcome is still on its way to the files."""
+    """Whether ``rows`` hold all that a file's delivery keys follow: every delivery is
+    settled and written out (a claim moves a row's state and attempts without a word to the
+    files, which follow only settled outcomes), and every sink the file names still has its
+    row (retention prunes delivered rows; the file keeps their history)."""
     sinks = current.get("sinks")
     return (
         isinstance(sinks, dict)
         and bool(rows)
         and set(sinks) == {row.sink for row in rows}
-        and not any(row.mirror_pending for row in rows)
+        and all(row.state in SETTLED and not row.mirror_pending for row in rows)
     )
 
 
