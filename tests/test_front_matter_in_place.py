@@ -117,3 +117,47 @@ def test_a_torn_in_place_rewrite_is_restored_from_the_database(tmp_path: Path) -
             conn.exec_driver_sql("UPDATE deliveries SET mirror_pending = 1")
         ob.mirrors.sync_deliveries()
         assert path.read_bytes() == new
+
+
+def test_one_file_that_refuses_its_update_holds_back_only_its_own_outcome(
+    tmp_path: Path,
+) -> None:
+    """A link in place of one record's file (``O_NOFOLLOW`` refuses it): the other records'
+    outcomes are mirrored, that one stays owed without a line, and once the file is back
+    the next sync writes its front matter and its one line."""
+    settings = load_settings(
+        env={}, home=tmp_path / ".outbox", markdown_dir=tmp_path / "notes", sinks=SINK
+    )
+    other = tmp_path / "someone-elses-notes.md"
+    other.write_bytes(b"not a record\n")
+    with Outbox.open(settings) as ob:
+        receipts = ob.add_many([f"memory {i} whose outcome is mirrored" for i in range(5)])
+        assert ob.wait_mirrored(30)
+        held = Path(receipts[2].markdown_path)
+        original = held.read_bytes()
+        held.unlink()
+        held.symlink_to(other)
+        ob.drain(timeout=30)
+        delivered = [
+            line.event["key"]
+            for line in ob.mirrors.jsonl.lines()
+            if line.event.get("event") == "delivered"
+        ]
+        assert sorted(delivered) == sorted(r.key for i, r in enumerate(receipts) if i != 2)
+        for i, receipt in enumerate(receipts):
+            if i != 2:
+                assert split_markdown(Path(receipt.markdown_path))[0]["reason"] == "delivered"
+        owed = ob.storage.mirror_state.mirror_pending(settings.mirror_id)
+        assert [row.key for row in owed] == [receipts[2].key]
+        assert other.read_bytes() == b"not a record\n"  # never written through the link
+        held.unlink()
+        held.write_bytes(original)
+        ob.mirrors.sync_deliveries()
+        assert split_markdown(held)[0]["reason"] == "delivered"
+        delivered = [
+            line.event["key"]
+            for line in ob.mirrors.jsonl.lines()
+            if line.event.get("event") == "delivered"
+        ]
+        assert sorted(delivered) == sorted(r.key for r in receipts)  # each exactly once
+        assert ob.verify().ok

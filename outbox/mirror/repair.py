@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from outbox.core.errors import about_record
+from outbox.core.errors import RecordFileError, about_record
 from outbox.core.folders import ensure_private_dir
 from outbox.core.naming import key_prefix
 from outbox.core.record import Record
@@ -275,9 +275,33 @@ class MirrorSync:
         report: RepairReport,
         known: Mapping[str, StoredRecord] | None = None,
     ) -> None:
-        """Write events and front matter for ``rows``, then clear their pending flag."""
+        """Write front matter, then events, for ``rows``, then clear their pending flag.
+
+        A record whose file cannot be written (a link in its place, a full disk) keeps its
+        outcomes owed, without their lines, and the first such error is raised once the
+        others are written and cleared: one bad file does not hold every later outcome back,
+        and the next sync writes its lines once, when its file takes the update. A crash
+        between the files and the lines leaves the rows owed; their files are then already
+        up to date and only the lines are written.
+        """
+        keys = sorted({row.key for row in rows})
+        stored = {key: known[key] for key in keys if key in known} if known else {}
+        if len(stored) < len(keys):
+            stored.update(self.storage.records.get_records(k for k in keys if k not in stored))
+        all_rows = self.storage.deliveries.deliveries_for(keys)
+        failed: dict[str, RecordFileError] = {}
+        for key in keys:
+            item = stored.get(key)
+            if item is None or item.forgotten:  # a forgotten record has no file to update
+                continue
+            try:
+                with about_record(key, "update"):
+                    self._update_file(item, all_rows.get(key, []), report)
+            except RecordFileError as exc:
+                failed[key] = exc
+        done = [row for row in rows if row.key not in failed]
         lines = []
-        for row in rows:
+        for row in done:
             event = delivery_event(row)
             if event is None:
                 continue
@@ -287,18 +311,11 @@ class MirrorSync:
             lines.append(event)
         self.jsonl.append(lines)
         report.lines_appended += len(lines)
-        keys = sorted({row.key for row in rows})
-        stored = {key: known[key] for key in keys if key in known} if known else {}
-        if len(stored) < len(keys):
-            stored.update(self.storage.records.get_records(k for k in keys if k not in stored))
-        all_rows = self.storage.deliveries.deliveries_for(keys)
-        for key in keys:
-            item = stored.get(key)
-            if item is None or item.forgotten:  # a forgotten record has no file to update
-                continue
-            with about_record(key, "update"):
-                self._update_file(item, all_rows.get(key, []), report)
-        self.storage.mirror_state.clear_mirror_pending(rows)
+        self.storage.mirror_state.clear_mirror_pending(done)
+        if failed:
+            if len(failed) > 1:
+                log.warning("%d records' files could not take their outcomes", len(failed))
+            raise next(iter(failed.values()))
 
     def _update_file(
         self,
