@@ -161,3 +161,33 @@ def test_one_file_that_refuses_its_update_holds_back_only_its_own_outcome(
         ]
         assert sorted(delivered) == sorted(r.key for r in receipts)  # each exactly once
         assert ob.verify().ok
+
+
+def test_a_record_moved_off_a_taken_name_after_its_batch_read_it_gets_its_update(
+    tmp_path: Path,
+) -> None:
+    """The batch read a record, then the mirror writer moved it to its ``-<key8>`` name (a
+    fallback file took the first): the sync finds the file at its new name, and leaves the
+    other key's file alone."""
+    settings = load_settings(
+        env={}, home=tmp_path / ".outbox", markdown_dir=tmp_path / "notes", sinks=SINK
+    )
+    with Outbox.open(settings) as ob:
+        receipt = ob.add("a memory whose file name another key took")
+        assert ob.wait_mirrored(30)
+        key = receipt.key
+        read_by_the_batch = ob.storage.records.get_records([key])
+        first = Path(receipt.markdown_path)
+        moved = first.with_name(first.stem + f"-{key[:8]}.md")
+        with ob.storage.engine.begin() as conn:
+            ob.storage.records.rename_markdown(conn, key, moved.name)
+        first.rename(moved)
+        foreign = b"---\nkey: someone-else\n---\nanother memory\n"
+        first.write_bytes(foreign)
+        (claim,) = ob.storage.deliveries.claim(SINK, "test", 10, 60.0)
+        ob.storage.deliveries.settle("test", [(claim.delivery_id, key)], [])
+        report = ob.mirrors.sync_deliveries(read_by_the_batch)
+        assert report.problems == []
+        assert split_markdown(moved)[0]["reason"] == REASON_DELIVERED
+        assert first.read_bytes() == foreign
+        assert split_markdown(moved)[1] == b"a memory whose file name another key took"

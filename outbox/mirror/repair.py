@@ -351,6 +351,11 @@ class MirrorSync:
             return
         owner = current.get("key")
         if owner and owner != key:  # never write one record's state into another's file
+            fresh = self.storage.records.get_records([key]).get(key)
+            if fresh is not None and fresh.markdown_name != item.markdown_name:
+                # Read before the mirror writer moved it off a name a fallback file took.
+                self._update_file(fresh, record_rows, report, judged=judged)
+                return
             report.problems.append(
                 f"record {key_prefix(key)}: its markdown file carries another key; left as it is"
             )
