@@ -4,6 +4,7 @@ files that the next open puts right, and nothing a reader could mistake for a re
 
 from __future__ import annotations
 
+import logging
 import random
 import signal
 import sqlite3
@@ -11,6 +12,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from outbox import Outbox, load_settings
 from outbox.core.states import REASON_DELIVERED
@@ -120,7 +123,7 @@ def test_a_torn_in_place_rewrite_is_restored_from_the_database(tmp_path: Path) -
 
 
 def test_one_file_that_refuses_its_update_holds_back_only_its_own_outcome(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A link in place of one record's file (``O_NOFOLLOW`` refuses it): the other records'
     outcomes are mirrored, that one stays owed without a line, and once the file is back
@@ -138,6 +141,12 @@ def test_one_file_that_refuses_its_update_holds_back_only_its_own_outcome(
         held.unlink()
         held.symlink_to(other)
         ob.drain(timeout=30)
+        warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert any(
+            f"record {receipts[2].key[:12]}: cannot update its markdown file" in line
+            for line in warned
+        ), warned
+        assert not any("whose outcome" in line or held.name in line for line in warned)
         delivered = [
             line.event["key"]
             for line in ob.mirrors.jsonl.lines()
