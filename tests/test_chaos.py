@@ -189,6 +189,14 @@ def test_chaos_loses_and_doubles_nothing(
                 select(deliveries.c.record_key, deliveries.c.state, deliveries.c.sink_id)
             ).all()
         report = ob.verify()
+        # A writer killed between its temp file and the rename or link leaves that temp, a
+        # write it never acknowledged: verify names it and a full repair removes it, as
+        # docs/guarantees.md says. Every other problem still fails the test.
+        stale = [problem for problem in report.problems if "stale temporary file" in problem]
+        temps_removed = ob.sync_mirrors(full=True).temps_removed if stale else 0
+        if stale:
+            report = ob.verify()
+    assert bool(stale) == (temps_removed > 0), (stale, temps_removed)
     sink = FaultySink(sink_db, FAULTY, fail_rate=0, null_rate=0).stored()
     accepted = accepted_counts(settings.jsonl_path)
     by_key = files_by_key(markdown_dir)
@@ -210,7 +218,8 @@ def test_chaos_loses_and_doubles_nothing(
         f"queued / {statuses['fallback']} fallback); {len(db_keys)} records (incl. "
         f"{len(db_keys) - len(acked)} committed but unacknowledged); lost {len(lost)}; "
         f"duplicated {len(doubled)}; {redelivered} keys delivered more than once physically "
-        f"(absorbed by the idempotent sink); {len(orphans)} unacknowledged orphan files",
+        f"(absorbed by the idempotent sink); {len(orphans)} unacknowledged orphan files; "
+        f"{temps_removed} stale temp files of killed writers removed by repair",
     )
     assert lost == []
     assert doubled == []
