@@ -262,20 +262,22 @@ class MirrorSync:
         """
         report = report or RepairReport()
         while True:
-            rows = self.storage.mirror_state.mirror_pending(self.mirror_id, MIRROR_BATCH)
+            rows, all_rows = self.storage.mirror_state.owed(self.mirror_id, MIRROR_BATCH)
             if rows:
-                self.apply(rows, seen, report, known)
+                self.apply(rows, all_rows, seen, report, known)
             if len(rows) < MIRROR_BATCH:  # a short page was the last: no empty query after it
                 return report
 
     def apply(
         self,
         rows: list[DeliveryRow],
+        all_rows: Mapping[str, list[DeliveryRow]],
         seen: set[tuple[str, str, str]] | None,
         report: RepairReport,
         known: Mapping[str, StoredRecord] | None = None,
     ) -> None:
-        """Write front matter, then events, for ``rows``, then clear their pending flag.
+        """Write front matter, then events, for ``rows`` (``all_rows``: every delivery of
+        their records, read with them), then clear their pending flag.
 
         A record whose file cannot be written (a link in its place, a full disk) keeps its
         outcomes owed, without their lines, and the first such error is raised once the
@@ -288,7 +290,6 @@ class MirrorSync:
         stored = {key: known[key] for key in keys if key in known} if known else {}
         if len(stored) < len(keys):
             stored.update(self.storage.records.get_records(k for k in keys if k not in stored))
-        all_rows = self.storage.deliveries.deliveries_for(keys)
         failed: dict[str, RecordFileError] = {}
         for key in keys:
             item = stored.get(key)
