@@ -9,6 +9,7 @@ what was written since the last repair, not to the size of the log.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -123,6 +124,7 @@ class MirrorSync:
         self.storage = storage
         self.jsonl = jsonl
         self.markdown_dir = markdown_dir
+        self._folder = str(markdown_dir)
         self.mirror_id = mirror_id
 
     def run(self, full: bool = False) -> RepairReport:
@@ -330,9 +332,9 @@ class MirrorSync:
         the database); a missing file is written whole. ``judged``: only where the rows
         say all the front matter follows (``matter.judged_by``), as a full repair asks."""
         key = item.record.key
-        path = self.markdown_dir / item.markdown_name
+        path = os.path.join(self._folder, item.markdown_name)  # pathlib's join cost more
         try:
-            current, body = markdown.read(path)
+            opened = markdown.Opened(path)
         except FileNotFoundError:
             # Read again: a record the caller knew may have been forgotten since, and a
             # forget's deleted file must not come back.
@@ -350,6 +352,21 @@ class MirrorSync:
                 f"record {key_prefix(key)}: its markdown file: {exc}; left as it is"
             )
             return
+        with opened:
+            self._update_opened(opened, item, record_rows, report, judged=judged)
+
+    def _update_opened(
+        self,
+        opened: markdown.Opened,
+        item: StoredRecord,
+        record_rows: list[DeliveryRow],
+        report: RepairReport,
+        *,
+        judged: bool,
+    ) -> None:
+        """``_update_file``'s work on the file it opened: rewritten through the same
+        descriptor when its front matter or body is behind the database."""
+        key, current, body = item.record.key, opened.matter, opened.body
         owner = current.get("key")
         if owner and owner != key:  # never write one record's state into another's file
             fresh = self.storage.records.get_records([key]).get(key)
@@ -368,7 +385,7 @@ class MirrorSync:
         if merged != current or body != content:
             # A body that differs (a writer cut off mid-file, an edit) is restored from the
             # database first: new front matter never seals a wrong body in.
-            markdown.overwrite(path, markdown.render(merged, b""), content)
+            opened.overwrite(markdown.render(merged, b""), content)
             report.front_matter_updated += 1
             if judged and merged != current:
                 report.put_back(Restored.STALE_FRONT_MATTER, key)
