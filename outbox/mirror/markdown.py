@@ -141,6 +141,13 @@ def _simple_front_matter(matter: Mapping[str, Any]) -> str | None:
         kind = _KINDS.get(type(value))
         if kind is None or type(key) is not str:
             return None
+        unique = _unique(value) if kind == "str" else None
+        if unique is not None:  # a record's own key or timestamp: the cache would only churn
+            name = _name(key)
+            if name is None:
+                return None
+            lines.append(f"{name}: {unique}\n")
+            continue
         frozen = value if kind in _SCALARS else tuple(value.items() if kind == "dict" else value)
         try:
             line = _line(key, kind, frozen)
@@ -163,6 +170,27 @@ _KINDS: dict[type, str] = {
     dict: "dict",
 }
 _SCALARS = frozenset(("bool", "int", "str", "none"))
+
+
+def _unique(text: str) -> str | None:
+    """A record's own key or canonical timestamp as the emitter writes it (``_scalar``),
+    settled without a cache; None for any other string."""
+    if len(text) not in _UNIQUE_LENGTHS:
+        return None
+    if _CANONICAL_TS.fullmatch(text):
+        return f"'{text}'"
+    if _HEX_KEY.fullmatch(text) and _NOT_A_NUMBER.search(text):
+        return text
+    return None
+
+
+_UNIQUE_LENGTHS = frozenset((27, 64))  # a canonical timestamp's, a key's
+
+
+@functools.lru_cache(maxsize=256)
+def _name(key: str) -> str | None:
+    """A mapping key as ``_line`` writes it."""
+    return None if len(key) > _MAX_SIMPLE_KEY else _scalar(key, flow=False)
 
 
 @functools.lru_cache(maxsize=4096)  # most lines recur from file to file: only two are unique
@@ -236,11 +264,33 @@ def _simple_matter(text: str) -> dict[str, Any] | None:
     matter: dict[str, Any] = {}
     try:
         for line in text[:-1].split("\n"):
-            name, value = _read_line(line)
+            name, value = _read_unique(line) or _read_line(line)
             matter[name] = value.copy() if type(value) in (list, dict) else value
     except _NotSimple:
         return None
     return matter or None
+
+
+def _read_unique(line: str) -> tuple[str, Any] | None:
+    """A line holding a record's own key or canonical timestamp, read without the cache
+    (which such lines would only churn); None for any other line."""
+    name, colon, text = line.partition(": ")
+    if not colon or len(text) not in _UNIQUE_QUOTED_LENGTHS:
+        return None
+    value = text[1:-1] if text[0] == "'" and text[-1] == "'" else text
+    if _unique(value) != text or _read_name(name) is None:
+        return None
+    return name, value
+
+
+_UNIQUE_QUOTED_LENGTHS = frozenset((29, 64))  # a quoted canonical timestamp's, a key's
+
+
+@functools.lru_cache(maxsize=256)
+def _read_name(name: str) -> str | None:
+    """A mapping key as ``_read_line`` accepts it, or None."""
+    found = _MATTER_LINE.fullmatch(name + ":")
+    return name if found is not None and _plain_tag(name) == _STR_TAG else None
 
 
 @functools.lru_cache(maxsize=4096)  # most lines recur from file to file: only two are unique
@@ -453,13 +503,15 @@ def overwrite(path: Path | str, head: bytes, body: bytes) -> None:
         os.close(fd)
 
 
-def _write_from_start(fd: int, data: bytes) -> None:
-    """``data`` as the whole of the open file ``fd``, written from its first byte."""
+def _write_from_start(fd: int, data: bytes, size: int | None = None) -> None:
+    """``data`` as the whole of the open file ``fd``, written from its first byte; the
+    file is cut to it unless its ``size`` is known to be no longer."""
     view = memoryview(data)
     offset = 0
     while offset < len(data):
         offset += os.pwrite(fd, view[offset:], offset)
-    os.ftruncate(fd, len(data))
+    if size is None or size > len(data):
+        os.ftruncate(fd, len(data))
 
 
 def _read_all(fd: int) -> bytes:
@@ -498,7 +550,9 @@ class Opened:
             self._fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
             self._writable = False
         try:
-            self.matter, self.body = parse(_read_all(self._fd))
+            data = _read_all(self._fd)
+            self._size = len(data)
+            self.matter, self.body = parse(data)
         except BaseException:
             os.close(self._fd)
             raise
@@ -508,7 +562,7 @@ class Opened:
         if len(head) > _PAGE or not self._writable:
             overwrite(self.path, head, body)
         else:
-            _write_from_start(self._fd, head + body)
+            _write_from_start(self._fd, head + body, self._size)
 
     def __enter__(self) -> Opened:
         return self
