@@ -182,7 +182,8 @@ def main() -> None:
         help="a dispatcher to time (default: this tree alone); DIR holds another version's "
         "outbox package, VAR=VALUE an OUTBOX_* setting for it",
     )
-    parser.add_argument("--save", action="store_true", help=f"write {RESULTS.name}")
+    parser.add_argument("--save", action="store_true", help=f"write {RESULTS.name} (or --out)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument(
         "--steps", type=int, default=0, metavar="BATCH", help="time each step in process instead"
     )
@@ -193,7 +194,7 @@ def main() -> None:
     contenders = [Contender.parse(text) for text in args.contender] or [Contender("this")]
     result = run(contenders, args.records, args.rounds)
     if args.save:
-        write_result(RESULTS, result)
+        write_result(args.out, result)
     print(json.dumps(result["median_per_s"], indent=2))
 
 
