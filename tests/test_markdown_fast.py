@@ -99,6 +99,11 @@ def test_keys_and_timestamps_are_written_as_the_dumper_writes_them(key: str, ts:
     are all digits or look like binary numbers, which must still take the long way."""
     matter = {"key": key, "timestamp": ts, "tags": [key, ts], "sinks": {key: ts}}
     assert markdown._simple_front_matter(matter) == dumped(matter)
+    # and read back past the line cache as the loader reads them, types included
+    text = dumped(matter)
+    assert markdown._simple_matter(text) == loaded(text)
+    for name in ("key", "timestamp"):
+        assert type(markdown._simple_matter(text)[name]) is type(loaded(text)[name])
 
 
 def test_a_records_front_matter_takes_the_direct_path() -> None:

@@ -9,6 +9,7 @@ what was written since the last repair, not to the size of the log.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -123,6 +124,7 @@ class MirrorSync:
         self.storage = storage
         self.jsonl = jsonl
         self.markdown_dir = markdown_dir
+        self._folder = str(markdown_dir)
         self.mirror_id = mirror_id
 
     def run(self, full: bool = False) -> RepairReport:
@@ -262,20 +264,22 @@ class MirrorSync:
         """
         report = report or RepairReport()
         while True:
-            rows = self.storage.mirror_state.mirror_pending(self.mirror_id, MIRROR_BATCH)
+            rows, all_rows = self.storage.mirror_state.owed(self.mirror_id, MIRROR_BATCH)
             if rows:
-                self.apply(rows, seen, report, known)
+                self.apply(rows, all_rows, seen, report, known)
             if len(rows) < MIRROR_BATCH:  # a short page was the last: no empty query after it
                 return report
 
     def apply(
         self,
         rows: list[DeliveryRow],
+        all_rows: Mapping[str, list[DeliveryRow]],
         seen: set[tuple[str, str, str]] | None,
         report: RepairReport,
         known: Mapping[str, StoredRecord] | None = None,
     ) -> None:
-        """Write front matter, then events, for ``rows``, then clear their pending flag.
+        """Write front matter, then events, for ``rows`` (``all_rows``: every delivery of
+        their records, read with them), then clear their pending flag.
 
         A record whose file cannot be written (a link in its place, a full disk) keeps its
         outcomes owed, without their lines, and the first such error is raised once the
@@ -288,7 +292,6 @@ class MirrorSync:
         stored = {key: known[key] for key in keys if key in known} if known else {}
         if len(stored) < len(keys):
             stored.update(self.storage.records.get_records(k for k in keys if k not in stored))
-        all_rows = self.storage.deliveries.deliveries_for(keys)
         failed: dict[str, RecordFileError] = {}
         for key in keys:
             item = stored.get(key)
@@ -329,9 +332,9 @@ class MirrorSync:
         the database); a missing file is written whole. ``judged``: only where the rows
         say all the front matter follows (``matter.judged_by``), as a full repair asks."""
         key = item.record.key
-        path = self.markdown_dir / item.markdown_name
+        path = os.path.join(self._folder, item.markdown_name)  # pathlib's join cost more
         try:
-            current, body = markdown.read(path)
+            opened = markdown.Opened(path)
         except FileNotFoundError:
             # Read again: a record the caller knew may have been forgotten since, and a
             # forget's deleted file must not come back.
@@ -349,6 +352,21 @@ class MirrorSync:
                 f"record {key_prefix(key)}: its markdown file: {exc}; left as it is"
             )
             return
+        with opened:
+            self._update_opened(opened, item, record_rows, report, judged=judged)
+
+    def _update_opened(
+        self,
+        opened: markdown.Opened,
+        item: StoredRecord,
+        record_rows: list[DeliveryRow],
+        report: RepairReport,
+        *,
+        judged: bool,
+    ) -> None:
+        """``_update_file``'s work on the file it opened: rewritten through the same
+        descriptor when its front matter or body is behind the database."""
+        key, current, body = item.record.key, opened.matter, opened.body
         owner = current.get("key")
         if owner and owner != key:  # never write one record's state into another's file
             fresh = self.storage.records.get_records([key]).get(key)
@@ -367,7 +385,7 @@ class MirrorSync:
         if merged != current or body != content:
             # A body that differs (a writer cut off mid-file, an edit) is restored from the
             # database first: new front matter never seals a wrong body in.
-            markdown.overwrite(path, markdown.render(merged, b""), content)
+            opened.overwrite(markdown.render(merged, b""), content)
             report.front_matter_updated += 1
             if judged and merged != current:
                 report.put_back(Restored.STALE_FRONT_MATTER, key)

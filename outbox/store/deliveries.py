@@ -2,8 +2,9 @@
 
 The writes: a dispatcher's (claim, renew, settle, release) and the operator's (dead letters,
 pruning), on top of the reads in ``delivery_reads``. Each runs in its own short transaction;
-none holds one open while a sink is called. The two backends differ only in row locking and
-the SQLite search index, which a ``_DeliveryDialect`` chosen once in the constructor supplies.
+none holds one open while a sink is called. A batch's claim and settle, run once per batch
+and on every record, are a ``_BatchStatements`` chosen once in the constructor: on SQLite the
+bare driver's (``sqlite_dispatch.py``), on PostgreSQL Core statements with row locks.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Engine,
-    Select,
     and_,
     bindparam,
     select,
@@ -27,7 +27,9 @@ from sqlalchemy import (
 
 from outbox.core.states import UNDELIVERED, DeliveryOp, DeliveryState
 from outbox.store.delivery_reads import CHUNK, PENDING_DEPTH_CAP, DeliveryReads, DeliveryRow
+from outbox.store.engine import driver_of
 from outbox.store.schema import deliveries
+from outbox.store.sqlite_dispatch import SqliteDispatch
 
 __all__ = ["PENDING_DEPTH_CAP", "Claim", "DeliveryRow", "DeliveryStore"]
 
@@ -83,58 +85,37 @@ def _deleted(delivery_id: int, owner: str, now: float) -> Any:
     )
 
 
-class _DeliveryDialect(Protocol):
-    """What a claim and a settle do differently per database."""
-
-    def lock_due(self, due: Select[Any]) -> Select[Any]:
-        """The claim's choice of due rows, locked so two claims never share a row."""
-        ...
-
-    def lock_owned(self, owned: Select[Any]) -> Select[Any]:
-        """The settle's read of the rows still leased to its owner, locked until it commits."""
-        ...
-
-
-class _SqliteDeliveries:
-    """SQLite's write transaction is the lock."""
-
-    def lock_due(self, due: Select[Any]) -> Select[Any]:
-        return due
-
-    def lock_owned(self, owned: Select[Any]) -> Select[Any]:
-        return owned
-
-
-class _PostgresDeliveries:
-    """Row locks: a claim skips rows another claim holds instead of waiting for them."""
-
-    def lock_due(self, due: Select[Any]) -> Select[Any]:
-        return due.with_for_update(skip_locked=True)
-
-    def lock_owned(self, owned: Select[Any]) -> Select[Any]:
-        return owned.with_for_update()
-
-
-class DeliveryStore(DeliveryReads):
-    """Reads and writes of ``deliveries``: writes on ``engine``, reads on ``reader``."""
-
-    def __init__(self, engine: Engine, reader: Engine) -> None:
-        super().__init__(reader)
-        self.engine = engine
-        postgres = engine.dialect.name == "postgresql"
-        self._dialect: _DeliveryDialect = _PostgresDeliveries() if postgres else _SqliteDeliveries()
+class _BatchStatements(Protocol):
+    """A batch's claim and settle, per database (what ``DeliveryStore`` documents)."""
 
     def claim(
-        self, sink: str, owner: str, limit: int, lease_seconds: float, now: float | None = None
-    ) -> list[Claim]:
-        """Lease up to ``limit`` due rows of ``sink`` in one short transaction.
+        self, sink: str, owner: str, limit: int, expires: float, now: float
+    ) -> list[tuple[int, str, int, str]]:
+        """Lease up to ``limit`` due rows: (id, key, attempts, op) of each."""
+        ...
 
-        Due means pending and past its retry time, or leased with an expired lease (its
-        dispatcher died). The attempt is counted at claim time, so a record that kills its
-        dispatcher still reaches the dead-letter cap.
-        """
-        now = time.time() if now is None else now
-        expires = now + lease_seconds
+    def settle(
+        self,
+        owner: str,
+        delivered: Sequence[tuple[int, str]],
+        failed: Sequence[tuple[int, str, str, float | None]],
+        deleted: Sequence[int],
+        now: float,
+    ) -> tuple[list[int], list[int]]:
+        """One transaction for a batch's outcomes, guarded by the lease."""
+        ...
+
+
+class _PostgresBatch:
+    """Core statements with row locks: a claim skips rows another claim holds instead of
+    waiting for them, and a settle locks the rows it reads as still its own."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def claim(
+        self, sink: str, owner: str, limit: int, expires: float, now: float
+    ) -> list[tuple[int, str, int, str]]:
         due = (
             select(deliveries.c.id)
             .where(
@@ -144,10 +125,11 @@ class DeliveryStore(DeliveryReads):
             )
             .order_by(deliveries.c.available_at)
             .limit(limit)
+            .with_for_update(skip_locked=True)
         )
         statement = (
             update(deliveries)
-            .where(deliveries.c.id.in_(self._dialect.lock_due(due).scalar_subquery()))
+            .where(deliveries.c.id.in_(due.scalar_subquery()))
             .values(
                 state=DeliveryState.LEASED,
                 lease_owner=owner,
@@ -162,7 +144,113 @@ class DeliveryStore(DeliveryReads):
         )
         with self.engine.begin() as conn:
             rows = conn.execute(statement).all()
-        claims = [Claim(row.id, row.record_key, sink, row.attempts, row.op) for row in rows]
+        return [(row.id, row.record_key, row.attempts, row.op) for row in rows]
+
+    def settle(
+        self,
+        owner: str,
+        delivered: Sequence[tuple[int, str]],
+        failed: Sequence[tuple[int, str, str, float | None]],
+        deleted: Sequence[int],
+        now: float,
+    ) -> tuple[list[int], list[int]]:
+        done: list[int] = []
+        with self.engine.begin() as conn:
+            if delivered:
+                done = self._settle_delivered(conn, owner, delivered, now)
+            for delivery_id in deleted:
+                if conn.execute(_deleted(delivery_id, owner, now)).rowcount:
+                    done.append(delivery_id)
+            dead_or_retry = [
+                delivery_id
+                for delivery_id, error, error_class, next_at in failed
+                if self._settle_failed(conn, owner, delivery_id, error, error_class, next_at, now)
+            ]
+        return done, dead_or_retry
+
+    def _settle_delivered(
+        self, conn: Connection, owner: str, delivered: Sequence[tuple[int, str]], now: float
+    ) -> list[int]:
+        """Mark the owner's leased rows delivered: one ownership read, one batched update.
+
+        An UPDATE built per row was most of a batch's settle. Reading first which rows are
+        still ours, locked FOR UPDATE, keeps the per-row answer exact.
+        """
+        wanted = [delivery_id for delivery_id, _ in delivered]
+        owned: set[int] = set()
+        for start in range(0, len(wanted), CHUNK):
+            query = select(deliveries.c.id).where(
+                deliveries.c.id.in_(wanted[start : start + CHUNK]), _leased_by(owner)
+            )
+            owned.update(conn.execute(query.with_for_update()).scalars())
+        done: list[int] = []
+        params: list[dict[str, Any]] = []
+        for delivery_id, sink_id in delivered:
+            if delivery_id in owned:
+                owned.discard(delivery_id)  # a repeated id settles once
+                done.append(delivery_id)
+                params.append(
+                    {"b_id": delivery_id, "b_owner": owner, "b_sink_id": sink_id, "b_now": now}
+                )
+        if params:
+            conn.execute(_DELIVER, params)
+        return done
+
+    @staticmethod
+    def _settle_failed(
+        conn: Connection,
+        owner: str,
+        delivery_id: int,
+        error: str,
+        error_class: str,
+        next_at: float | None,
+        now: float,
+    ) -> bool:
+        """Put one failed row back to pending until ``next_at``, or dead without one."""
+        retry = next_at is not None
+        result = conn.execute(
+            update(deliveries)
+            .where(deliveries.c.id == delivery_id, _leased_by(owner))
+            .values(
+                state=DeliveryState.PENDING if retry else DeliveryState.DEAD,
+                available_at=next_at if retry else now,
+                mirror_pending=1,
+                last_error=error[:2000],
+                error_class=error_class,
+                lease_owner=None,
+                lease_expires_at=None,
+                updated_at=now,
+            )
+        )
+        return bool(result.rowcount)
+
+
+class DeliveryStore(DeliveryReads):
+    """Reads and writes of ``deliveries``: writes on ``engine``, reads on ``reader``."""
+
+    def __init__(self, engine: Engine, reader: Engine) -> None:
+        super().__init__(reader)
+        self.engine = engine
+        self._batch: _BatchStatements = (
+            _PostgresBatch(engine)
+            if engine.dialect.name == "postgresql"
+            else SqliteDispatch(lambda: driver_of(engine), lambda: driver_of(reader))
+        )
+
+    def claim(
+        self, sink: str, owner: str, limit: int, lease_seconds: float, now: float | None = None
+    ) -> list[Claim]:
+        """Lease up to ``limit`` due rows of ``sink`` in one short transaction.
+
+        Due means pending and past its retry time, or leased with an expired lease (its
+        dispatcher died). The attempt is counted at claim time, so a record that kills its
+        dispatcher still reaches the dead-letter cap.
+        """
+        now = time.time() if now is None else now
+        rows = self._batch.claim(sink, owner, limit, now + lease_seconds, now)
+        claims = [
+            Claim(delivery_id, key, sink, attempts, op) for delivery_id, key, attempts, op in rows
+        ]
         claims.sort(key=lambda claim: claim.delivery_id)
         return claims
 
@@ -220,76 +308,7 @@ class DeliveryStore(DeliveryReads):
         ``deleted`` holds the delete rows (a forget's) the sink has carried out.
         """
         now = time.time() if now is None else now
-        done: list[int] = []
-        with self.engine.begin() as conn:
-            if delivered:
-                done = self._settle_delivered(conn, owner, delivered, now)
-            for delivery_id in deleted:
-                if conn.execute(_deleted(delivery_id, owner, now)).rowcount:
-                    done.append(delivery_id)
-            dead_or_retry = [
-                delivery_id
-                for delivery_id, error, error_class, next_at in failed
-                if self._settle_failed(conn, owner, delivery_id, error, error_class, next_at, now)
-            ]
-        return done, dead_or_retry
-
-    def _settle_delivered(
-        self, conn: Connection, owner: str, delivered: Sequence[tuple[int, str]], now: float
-    ) -> list[int]:
-        """Mark the owner's leased rows delivered: one ownership read, one batched update.
-
-        An UPDATE built per row was most of a batch's settle. Reading first which rows are
-        still ours, inside SQLite's write transaction or locked FOR UPDATE on PostgreSQL,
-        keeps the per-row answer exact.
-        """
-        wanted = [delivery_id for delivery_id, _ in delivered]
-        owned: set[int] = set()
-        for start in range(0, len(wanted), CHUNK):
-            query = select(deliveries.c.id).where(
-                deliveries.c.id.in_(wanted[start : start + CHUNK]), _leased_by(owner)
-            )
-            owned.update(conn.execute(self._dialect.lock_owned(query)).scalars())
-        done: list[int] = []
-        params: list[dict[str, Any]] = []
-        for delivery_id, sink_id in delivered:
-            if delivery_id in owned:
-                owned.discard(delivery_id)  # a repeated id settles once
-                done.append(delivery_id)
-                params.append(
-                    {"b_id": delivery_id, "b_owner": owner, "b_sink_id": sink_id, "b_now": now}
-                )
-        if params:
-            conn.execute(_DELIVER, params)
-        return done
-
-    @staticmethod
-    def _settle_failed(
-        conn: Connection,
-        owner: str,
-        delivery_id: int,
-        error: str,
-        error_class: str,
-        next_at: float | None,
-        now: float,
-    ) -> bool:
-        """Put one failed row back to pending until ``next_at``, or dead without one."""
-        retry = next_at is not None
-        result = conn.execute(
-            update(deliveries)
-            .where(deliveries.c.id == delivery_id, _leased_by(owner))
-            .values(
-                state=DeliveryState.PENDING if retry else DeliveryState.DEAD,
-                available_at=next_at if retry else now,
-                mirror_pending=1,
-                last_error=error[:2000],
-                error_class=error_class,
-                lease_owner=None,
-                lease_expires_at=None,
-                updated_at=now,
-            )
-        )
-        return bool(result.rowcount)
+        return self._batch.settle(owner, delivered, failed, deleted, now)
 
     def release(self, owner: str, delivery_ids: Sequence[int] | None = None) -> int:
         """Hand leased rows back untried (clean shutdown): the attempt is not counted."""

@@ -6,12 +6,12 @@ by database.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine, and_, func, select
 
 from outbox.core.states import UNDELIVERED, DeliveryState
+from outbox.store.rows import DeliveryRow as DeliveryRow  # its readers import it from here
 from outbox.store.schema import deliveries
 
 # How far pending_summary counts: beyond this a backlog is reported as "at least this many".
@@ -19,25 +19,6 @@ PENDING_DEPTH_CAP = 1000
 
 # Ids or keys per ``IN (...)`` list: well below every driver's limit on bound parameters.
 CHUNK = 500
-
-
-@dataclass(frozen=True)
-class DeliveryRow:
-    """One delivery as the mirrors and the operator see it (the lease columns left out)."""
-
-    delivery_id: int
-    key: str
-    sink: str
-    state: str
-    attempts: int
-    available_at: float
-    last_error: str | None
-    error_class: str | None
-    sink_id: str | None
-    mirror_pending: bool
-    created_at: float
-    delivered_at: float | None
-    op: str = "deliver"  # DeliveryOp: "delete" once the record was forgotten
 
 
 def row_to_delivery(row: Any) -> DeliveryRow:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +105,17 @@ def _install_sqlite_discipline(engine: Engine, settings: Settings, *, writer: bo
         # Straight to the driver: exec_driver_sql would add SQLAlchemy's overhead to every
         # transaction.
         conn.connection.driver_connection.execute(begin)
+
+
+@contextlib.contextmanager
+def driver_of(engine: Engine) -> Iterator[sqlite3.Connection]:
+    """A pooled SQLite connection's own driver for the block (its discipline applied), given
+    back to the pool after: for statements run once per dispatcher batch on every record,
+    where SQLAlchemy's handling of them cost more than the database's work."""
+    pooled = engine.raw_connection()
+    try:
+        driver = pooled.driver_connection
+        assert isinstance(driver, sqlite3.Connection)
+        yield driver
+    finally:
+        pooled.close()

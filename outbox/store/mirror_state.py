@@ -14,8 +14,13 @@ from sqlalchemy import Engine, Table, bindparam, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from outbox.store.delivery_reads import DeliveryRow, row_to_delivery
+from outbox.store.engine import driver_of
 from outbox.store.schema import deliveries, mirror_state
+from outbox.store.sqlite_dispatch import SqliteDispatch
 from outbox.store.steady import OUTCOMES_OWED, Watermark
+
+# What a delivery sync reads per page: the outcomes owed, and every row of their records.
+Owed = tuple[list[DeliveryRow], dict[str, list[DeliveryRow]]]
 
 
 class MirrorStateStore:
@@ -27,6 +32,12 @@ class MirrorStateStore:
         # Each dialect's INSERT with ON CONFLICT: the same call, from its own module.
         postgres = engine.dialect.name == "postgresql"
         self._insert: Callable[[Table], Any] = postgresql.insert if postgres else sqlite.insert
+        # SQLite's owed outcomes are read and cleared on the bare driver, once per batch.
+        self._bare = (
+            None
+            if postgres
+            else SqliteDispatch(lambda: driver_of(engine), lambda: driver_of(reader))
+        )
 
     def mirror_watermark(self, mirror_id: str) -> Watermark:
         """Where the last repair of ``mirror_id``'s mirrors got to (all zero: never ran)."""
@@ -73,11 +84,35 @@ class MirrorStateStore:
             ).all()
         return [row_to_delivery(row) for row in rows]
 
+    def owed(self, origin: str, limit: int = 1000) -> Owed:
+        """What ``mirror_pending`` gives, with every delivery row of those records (the
+        front matter names each sink's state), in one read: (the owed rows, oldest first;
+        all their records' rows by key, in id order). An owed row past ``limit`` whose
+        record is read anyway comes with it."""
+        if self._bare is not None:
+            return self._bare.owed(origin, limit)
+        first = (
+            select(deliveries.c.record_key)
+            .where(text(OUTCOMES_OWED).bindparams(origin=origin))
+            .order_by(deliveries.c.id)
+            .limit(limit)
+        )
+        query = select(deliveries).where(deliveries.c.record_key.in_(first.scalar_subquery()))
+        with self.reader.connect() as conn:
+            rows = [row_to_delivery(row) for row in conn.execute(query.order_by(deliveries.c.id))]
+        by_key: dict[str, list[DeliveryRow]] = {}
+        for row in rows:
+            by_key.setdefault(row.key, []).append(row)
+        return [row for row in rows if row.mirror_pending], by_key
+
     def clear_mirror_pending(self, mirrored: Sequence[DeliveryRow]) -> None:
         """Mark these outcomes mirrored, each only if its row is still as it was read: a
         dispatcher may have settled it again meanwhile (another attempt, another state),
         and that outcome still needs its own line."""
         if not mirrored:
+            return
+        if self._bare is not None:
+            self._bare.clear(mirrored)
             return
         with self.engine.begin() as conn:
             conn.execute(

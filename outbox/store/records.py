@@ -17,9 +17,10 @@ from sqlalchemy import Connection, Engine, func, select, update
 from sqlalchemy.dialects import postgresql
 
 from outbox.core.record import Record
+from outbox.store.engine import driver_of
 from outbox.store.rows import NewRows, StoredRecord, new_rows, row_to_record
 from outbox.store.schema import deliveries, graph_edges, graph_nodes, records
-from outbox.store.sqlite_writes import CHUNK, SqliteRows
+from outbox.store.sqlite_writes import CHUNK, SqliteRows, read_records
 
 
 class _RecordWriter(Protocol):
@@ -108,9 +109,8 @@ class RecordStore:
     def __init__(self, engine: Engine, reader: Engine) -> None:
         self.engine = engine
         self.reader = reader
-        self._writer: _RecordWriter = (
-            _PostgresWriter() if engine.dialect.name == "postgresql" else _SqliteWriter()
-        )
+        self.sqlite = engine.dialect.name != "postgresql"
+        self._writer: _RecordWriter = _SqliteWriter() if self.sqlite else _PostgresWriter()
 
     # -- the write path -------------------------------------------------------------------
 
@@ -180,7 +180,11 @@ class RecordStore:
         return row_to_record(row) if row else None
 
     def get_records(self, keys: Iterable[str]) -> dict[str, StoredRecord]:
-        """The stored records of these keys, by key; unknown keys are left out."""
+        """The stored records of these keys, by key; unknown keys are left out (on SQLite in
+        one bare-driver statement: a dispatcher reads its batch's records this way)."""
+        if self.sqlite:
+            with driver_of(self.reader) as conn:
+                return read_records(conn, keys)
         wanted = list(keys)
         found: dict[str, StoredRecord] = {}
         with self.reader.connect() as conn:

@@ -34,6 +34,25 @@ class StoredRecord:
         return self.forgotten_at is not None
 
 
+@dataclass(frozen=True)
+class DeliveryRow:
+    """One delivery as the mirrors and the operator see it (the lease columns left out)."""
+
+    delivery_id: int
+    key: str
+    sink: str
+    state: str
+    attempts: int
+    available_at: float
+    last_error: str | None
+    error_class: str | None
+    sink_id: str | None
+    mirror_pending: bool
+    created_at: float
+    delivered_at: float | None
+    op: str = DeliveryOp.DELIVER.value  # DeliveryOp: "delete" once the record was forgotten
+
+
 def row_to_record(row: Any) -> StoredRecord:
     """A ``records`` row as a StoredRecord."""
     return StoredRecord(

@@ -19,7 +19,7 @@ from outbox.core.recall_filter import RecallFilter
 from outbox.core.states import DeliveryState
 from outbox.store.lexical import MATCH_BUDGET, SCAN_FACTOR, Found, LexicalHits, lexical_hits
 from outbox.store.rows import RecentRow, StoredRecord
-from outbox.store.sqlite_writes import READ_COLUMNS, stored_record
+from outbox.store.sqlite_writes import read_records
 
 # A session's memories just before and just after one of them, by the session index.
 _BEFORE = (
@@ -30,9 +30,6 @@ _AFTER = (
     "SELECT id FROM graph_nodes WHERE session_id = :session AND ts > :ts ORDER BY ts LIMIT :reach"
 )
 _PLACES = "SELECT id, session_id, ts FROM graph_nodes WHERE id IN (SELECT value FROM json_each(?))"
-_BY_KEYS = (
-    f"SELECT {', '.join(READ_COLUMNS)} FROM records WHERE key IN (SELECT value FROM json_each(?))"
-)
 
 
 _RECENT = (
@@ -225,9 +222,7 @@ class SqliteRecallReads:
 
     def get_records(self, keys: Iterable[str]) -> dict[str, StoredRecord]:
         """The stored records of these keys, by key; unknown keys are left out."""
-        with self._snapshot():
-            rows = self.conn.execute(_BY_KEYS, (json.dumps(list(keys)),)).fetchall()
-        return {stored.record.key: stored for stored in map(stored_record, rows)}
+        return read_records(self.conn, keys)
 
     @contextlib.contextmanager
     def _snapshot(self) -> Iterator[None]:

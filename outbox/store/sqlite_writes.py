@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +82,9 @@ _LOOKUP = 'SELECT "key", markdown_name FROM records WHERE "key" IN ({}) OR markd
 # A stored record's columns as ``stored_record`` reads them, in this order.
 READ_COLUMNS = ("seq", *RECORD_COLUMNS)
 _READ = f'SELECT {_names(READ_COLUMNS)} FROM records WHERE "key" = ?'
+_BY_KEYS = (
+    f'SELECT {_names(READ_COLUMNS)} FROM records WHERE "key" IN (SELECT value FROM json_each(?))'
+)
 
 
 def apply_discipline(
@@ -235,6 +238,12 @@ class SqliteRows:
         """The record of ``key`` as the transaction on ``conn`` sees it."""
         row = conn.execute(_READ, (key,)).fetchone()
         return None if row is None else stored_record(row)
+
+
+def read_records(conn: sqlite3.Connection, keys: Iterable[str]) -> dict[str, StoredRecord]:
+    """The stored records of these keys, by key, in one statement; unknown keys are left out."""
+    rows = conn.execute(_BY_KEYS, (json.dumps(list(keys)),)).fetchall()
+    return {stored.record.key: stored for stored in map(stored_record, rows)}
 
 
 def stored_record(row: Sequence[Any]) -> StoredRecord:

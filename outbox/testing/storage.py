@@ -383,6 +383,31 @@ class StorageConformance:
         state.clear_mirror_pending([])
         assert [row.delivery_id for row in state.mirror_pending("here")] == here[2:]
 
+    def test_owed_reads_the_owed_outcomes_with_every_row_of_their_records(
+        self, storage: Storage
+    ) -> None:
+        """The delivery sync's one read: the origin's owed outcomes as ``mirror_pending``
+        pages them, and each of their records' rows, settled, leased or pending alike."""
+        t0 = 6_500_000.0
+        keys = seed(storage, 4, now=t0, prefix="here", origin="here")
+        seed(storage, 2, now=t0, prefix="elsewhere", origin="elsewhere")
+        store, state = storage.deliveries, storage.mirror_state
+        firsts = store.claim(FIRST, "a", limit=6, lease_seconds=LEASE, now=t0)
+        store.settle("a", [(c.delivery_id, f"id-{c.key}") for c in firsts], [], now=t0 + 1)
+        store.claim(SECOND, "b", limit=1, lease_seconds=LEASE, now=t0 + 2)  # one leased row
+        owed, rows = state.owed("here")
+        assert owed == state.mirror_pending("here")
+        assert {row.key for row in owed} == set(keys) == set(rows)
+        assert rows == store.deliveries_for(keys)
+        assert all([row.sink for row in rows[key]] == [FIRST, SECOND] for key in keys), (
+            "the other sink's row comes too"
+        )
+        page, page_rows = state.owed("here", limit=2)
+        assert page == state.mirror_pending("here", limit=2)
+        assert set(page_rows) == {row.key for row in page}
+        state.clear_mirror_pending(owed)
+        assert state.owed("here") == ([], {})
+
     def test_an_outcome_settled_again_while_being_mirrored_keeps_its_flag(
         self, storage: Storage
     ) -> None:
