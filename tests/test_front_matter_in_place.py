@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from outbox import Outbox, load_settings
+from outbox.core.errors import RecordFileError
 from outbox.core.states import REASON_DELIVERED
-from outbox.mirror import markdown
+from outbox.mirror import markdown, repair
 from tests.helpers.checks import split_markdown
 from tests.helpers.subproc import child_env
 
@@ -170,6 +171,46 @@ def test_one_file_that_refuses_its_update_holds_back_only_its_own_outcome(
         ]
         assert sorted(delivered) == sorted(r.key for r in receipts)  # each exactly once
         assert ob.verify().ok
+
+
+def test_more_refusing_files_than_a_page_hold_back_no_other_outcome(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sync pages past the records whose file refuses (links in their place): with
+    more of them than a page holds, and older, every other outcome is still written in the
+    same sync, and each refusing record is tried once."""
+    monkeypatch.setattr(repair, "MIRROR_BATCH", 3)
+    settings = load_settings(
+        env={}, home=tmp_path / ".outbox", markdown_dir=tmp_path / "notes", sinks=SINK
+    )
+    other = tmp_path / "someone-elses-notes.md"
+    other.write_bytes(b"not a record\n")
+    tried: list[str] = []
+    opened = markdown.Opened.__init__
+
+    def counted(self: markdown.Opened, path: Path | str) -> None:
+        tried.append(Path(path).name)
+        opened(self, path)
+
+    monkeypatch.setattr(markdown.Opened, "__init__", counted)
+    with Outbox.open(settings) as ob:
+        receipts = ob.add_many([f"memory {i} behind the refusing files" for i in range(8)])
+        assert ob.wait_mirrored(30)
+        refusing = receipts[:5]  # the oldest outcomes: the first pages are all theirs
+        for receipt in refusing:
+            Path(receipt.markdown_path).unlink()
+            Path(receipt.markdown_path).symlink_to(other)
+        ob.drain(timeout=30)
+        for receipt in receipts[5:]:
+            assert split_markdown(Path(receipt.markdown_path))[0]["reason"] == "delivered"
+        owed = ob.storage.mirror_state.mirror_pending(settings.mirror_id)
+        assert sorted(row.key for row in owed) == sorted(r.key for r in refusing)
+        tried.clear()
+        with pytest.raises(RecordFileError):
+            ob.mirrors.sync_deliveries()
+        names = [Path(r.markdown_path).name for r in refusing]
+        assert sorted(tried) == sorted(names)  # each refusing file once, nothing else
+        assert other.read_bytes() == b"not a record\n"
 
 
 def test_a_record_moved_off_a_taken_name_after_its_batch_read_it_gets_its_update(

@@ -260,15 +260,27 @@ class MirrorSync:
         ``seen`` holds events already in the log (repair after a crash); the dispatcher's
         own call right after settling passes None, and ``known``, the records of the batch
         it settled: unchanged since (content and name are fixed; a forget is looked up
-        again), so they are not read twice.
+        again), so they are not read twice. Pages follow a cursor, so a record whose file
+        refuses is tried once a sync, and however many refuse, every other outcome is
+        written; the first refusal is raised at the end.
         """
         report = report or RepairReport()
+        after = 0  # the page cursor: outcomes a file refused stay owed behind it
+        refused: dict[str, RecordFileError] = {}  # tried once this sync, by record key
         while True:
-            rows, all_rows = self.storage.mirror_state.owed(self.mirror_id, MIRROR_BATCH)
-            if rows:
-                self.apply(rows, all_rows, seen, report, known)
-            if len(rows) < MIRROR_BATCH:  # a short page was the last: no empty query after it
-                return report
+            rows, all_rows = self.storage.mirror_state.owed(self.mirror_id, MIRROR_BATCH, after)
+            page = sorted(row.delivery_id for row in rows if row.delivery_id > after)
+            fresh = [row for row in rows if row.key not in refused]
+            if fresh:
+                refused.update(self.apply(fresh, all_rows, seen, report, known))
+            if len(page) < MIRROR_BATCH:  # a short page was the last: no empty query after it
+                break
+            after = page[MIRROR_BATCH - 1]
+        if refused:
+            if len(refused) > 1:
+                log.warning("%d records' files could not take their outcomes", len(refused))
+            raise next(iter(refused.values()))
+        return report
 
     def apply(
         self,
@@ -277,14 +289,15 @@ class MirrorSync:
         seen: set[tuple[str, str, str]] | None,
         report: RepairReport,
         known: Mapping[str, StoredRecord] | None = None,
-    ) -> None:
+    ) -> dict[str, RecordFileError]:
         """Write front matter, then events, for ``rows`` (``all_rows``: every delivery of
-        their records, read with them), then clear their pending flag.
+        their records, read with them), then clear their pending flag; returns the records
+        whose file refused, each with its error.
 
         A record whose file cannot be written (a link in its place, a full disk) keeps its
-        outcomes owed, without their lines, and the first such error is raised once the
-        others are written and cleared: one bad file does not hold every later outcome back,
-        and the next sync writes its lines once, when its file takes the update. A crash
+        outcomes owed, without their lines, while the others are written and cleared: one
+        bad file does not hold every later outcome back, and the next sync writes its lines
+        once, when its file takes the update. A crash
         between the files and the lines leaves the rows owed; their files are then already
         up to date and only the lines are written.
         """
@@ -315,10 +328,7 @@ class MirrorSync:
         self.jsonl.append(lines)
         report.lines_appended += len(lines)
         self.storage.mirror_state.clear_mirror_pending(done)
-        if failed:
-            if len(failed) > 1:
-                log.warning("%d records' files could not take their outcomes", len(failed))
-            raise next(iter(failed.values()))
+        return failed
 
     def _update_file(
         self,

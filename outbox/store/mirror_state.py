@@ -84,16 +84,17 @@ class MirrorStateStore:
             ).all()
         return [row_to_delivery(row) for row in rows]
 
-    def owed(self, origin: str, limit: int = 1000) -> Owed:
-        """What ``mirror_pending`` gives, with every delivery row of those records (the
-        front matter names each sink's state), in one read: (the owed rows, oldest first;
-        all their records' rows by key, in id order). An owed row past ``limit`` whose
-        record is read anyway comes with it."""
+    def owed(self, origin: str, limit: int = 1000, after: int = 0) -> Owed:
+        """What ``mirror_pending`` gives past the delivery id ``after`` (a sync's page
+        cursor), with every delivery row of those records (the front matter names each
+        sink's state), in one read: (their records' owed rows, oldest first; all their rows
+        by key, in id order). An owed row outside the page whose record is read anyway
+        comes with it."""
         if self._bare is not None:
-            return self._bare.owed(origin, limit)
+            return self._bare.owed(origin, limit, after)
         first = (
             select(deliveries.c.record_key)
-            .where(text(OUTCOMES_OWED).bindparams(origin=origin))
+            .where(text(OUTCOMES_OWED).bindparams(origin=origin), deliveries.c.id > after)
             .order_by(deliveries.c.id)
             .limit(limit)
         )

@@ -61,7 +61,7 @@ _ROW = (
 )
 _OWED = (
     f"SELECT {_ROW} FROM deliveries WHERE record_key IN (SELECT record_key FROM deliveries"
-    f" WHERE {OUTCOMES_OWED} ORDER BY id LIMIT :limit) ORDER BY id"
+    f" WHERE {OUTCOMES_OWED} AND deliveries.id > :after ORDER BY id LIMIT :limit) ORDER BY id"
 )
 _CLEAR = (
     "UPDATE deliveries SET mirror_pending = 0"
@@ -164,16 +164,15 @@ class SqliteDispatch:
         return done, put_back
 
     def owed(
-        self, origin: str, limit: int
+        self, origin: str, limit: int, after: int = 0
     ) -> tuple[list[DeliveryRow], dict[str, list[DeliveryRow]]]:
-        """The first ``limit`` outcomes of ``origin``'s records still to mirror, oldest first,
-        and every delivery row of their records (the front matter names each sink's state),
-        in one read: (the owed rows, all rows by key in id order). An owed row past the limit
-        whose record is read anyway comes with it."""
+        """The first ``limit`` outcomes of ``origin``'s records still to mirror past the id
+        ``after``, oldest first, and every delivery row of their records (the front matter
+        names each sink's state), in one read: (their records' owed rows, all rows by key in
+        id order). An owed row outside the page whose record is read anyway comes with it."""
+        values = {"origin": origin, "limit": limit, "after": after}
         with self._reader() as conn:
-            rows = [
-                delivery_row(row) for row in conn.execute(_OWED, {"origin": origin, "limit": limit})
-            ]
+            rows = [delivery_row(row) for row in conn.execute(_OWED, values)]
         by_key: dict[str, list[DeliveryRow]] = {}
         for row in rows:
             by_key.setdefault(row.key, []).append(row)

@@ -405,6 +405,8 @@ class StorageConformance:
         page, page_rows = state.owed("here", limit=2)
         assert page == state.mirror_pending("here", limit=2)
         assert set(page_rows) == {row.key for row in page}
+        rest, _ = state.owed("here", after=max(row.delivery_id for row in page))
+        assert rest == [row for row in owed if row.key not in page_rows], "the page past it"
         state.clear_mirror_pending(owed)
         assert state.owed("here") == ([], {})
 
