@@ -152,6 +152,7 @@ GOAL_INLINE_SPEEDUP = 30.0
 GOAL_DISPATCHER_OVERHEAD = 0.10
 GOAL_SCALE_RATIO = 1.5
 GOAL_PROCESS_SCALING = 1.5  # issue 24: 2 writer processes / 1
+GOAL_NOOP_DRAIN_PER_S = 5000.0  # issue 24: one dispatcher on SQLite, no-op sink
 
 
 def log(message: str) -> None:
@@ -616,6 +617,15 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
             embedded["met"],
             f"{embedded['drain_per_s']['after']:.1f} against {embedded['best_per_s']:.1f} "
             f"texts/s ({embedded['best_cut']}), nice {embedded['nice']}",
+        )
+    rss = results.get("rss")
+    if rss:
+        goal(
+            "no-op drain, one dispatcher on SQLite: records per second",
+            rss["per_s"],
+            GOAL_NOOP_DRAIN_PER_S,
+            rss["per_s"] >= GOAL_NOOP_DRAIN_PER_S,
+            f"{rss['records']:,} records, one dispatcher process",
         )
     sizes = results.get("scale")
     if sizes and len(sizes) > 1:
