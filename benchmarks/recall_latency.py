@@ -5,22 +5,26 @@ minute; ``--store DIR`` keeps it for the next run). Each version then runs in a 
 own (``recall_latency_worker.py``), opens the store and, round after round in turn (the order
 reversed every round, so neither always follows the other), asks every question as
 ``query_raw_memories`` with default settings and a session filter. Before timing, each
-version's answers are checked against the current one's: the same ids in the same order, no
-floor and at the default floor, and the unrelated queries.
+version's answers are scored (hit@10, no floor and at the default floor; the unrelated
+queries answered) and compared with the current one's: how many questions got other ids or
+another order.
 
     python -m benchmarks.recall_latency --store DIR             # this version alone
     git archive COMMIT outbox | tar -x -C OLD                   # an earlier version...
     python -m benchmarks.recall_latency --store DIR --baseline before=OLD --rounds 8
 
-The current version's process starts the store's shared Chroma server (one left running is
-stopped first), so every version talks to the current server: a server op an older client
-does not call is never missed, and one it calls answers as it always did.
+Each version opens a copy of the drained store's database and Chroma folder of its own, so
+each talks to the shared Chroma server its own code starts (one left running is stopped
+first): what a version changed in the server counts for that version alone. Two copies of one
+Chroma folder can answer one or two of the 382 questions differently even with the same code:
+Chroma's approximate index, loaded again, does not always find the same 20th neighbour.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,11 +45,13 @@ from benchmarks.recall import DEFAULT_LOCOMO, UNRELATED, load, questions, score,
 from outbox import Settings
 from outbox.memory_core import MemoryService
 from outbox.sinks.chroma_service import SharedServer
+from outbox.store.sqlite_writes import sqlite_path
 
 RESULTS = Path(__file__).with_name("results") / "recall-latency.json"
 WORKER = Path(__file__).with_name("recall_latency_worker.py")
 KEYS = "locomo-keys.json"
 CURRENT = "current"
+_SERVER_FILES = shutil.ignore_patterns("outbox-server.sock", "outbox-server.json")
 
 
 def drained_store(folder: Path, locomo: Path) -> tuple[Settings, dict[tuple[str, str], str]]:
@@ -67,6 +73,27 @@ def drained_store(folder: Path, locomo: Path) -> tuple[Settings, dict[tuple[str,
     rows = [[session, turn, key] for (session, turn), key in keys.items()]
     saved.write_text(json.dumps(rows), encoding="utf-8")
     return settings, keys
+
+
+def copied(folder: Path, settings: Settings, name: str) -> dict[str, str]:
+    """The environment of a copy of the drained store's database and Chroma folder for one
+    version alone (made once, kept with the store), with no Chroma server running on it. The
+    copy shares the store's log and markdown folder, which recall only reads."""
+    target = folder / "copies" / name
+    database = sqlite_path(settings.db_url)
+    assert database is not None
+    if not target.exists():
+        with SharedServer(settings.chroma_path, 0.0).stopped():
+            shutil.copytree(settings.chroma_path, target / "chroma", ignore=_SERVER_FILES)
+            for part in database.parent.glob(database.name + "*"):
+                shutil.copy2(part, target / part.name)
+    with SharedServer(target / "chroma", 0.0).stopped():
+        pass  # the version's own code starts its server
+    return outbox_environ(
+        settings,
+        OUTBOX_DB_URL=f"sqlite:///{target / database.name}",
+        OUTBOX_CHROMA_PATH=str(target / "chroma"),
+    )
 
 
 class Worker:
@@ -117,11 +144,9 @@ def run(folder: Path, locomo: Path, rounds: int, baselines: dict[str, Path]) -> 
         ),
         encoding="utf-8",
     )
-    with SharedServer(settings.chroma_path, 0.0).stopped():
-        pass  # the current version starts the server the run uses
-    env = outbox_environ(settings)
-    versions = {CURRENT: env} | {
-        name: dict(env, PYTHONPATH=str(path.resolve())) for name, path in baselines.items()
+    copies = {name: copied(folder, settings, name) for name in [CURRENT, *baselines]}
+    versions = {CURRENT: copies[CURRENT]} | {
+        name: dict(copies[name], PYTHONPATH=str(path.resolve())) for name, path in baselines.items()
     }
     workers: list[Worker] = []
     try:
@@ -138,8 +163,9 @@ def run(folder: Path, locomo: Path, rounds: int, baselines: dict[str, Path]) -> 
     finally:
         for worker in workers:
             worker.close()
-        with SharedServer(settings.chroma_path, 0.0).stopped():
-            pass  # the server ends with the run
+        for env in copies.values():
+            with SharedServer(Path(env["OUTBOX_CHROMA_PATH"]), 0.0).stopped():
+                pass  # each server ends with the run
     reference = found[CURRENT]
     figures: dict[str, Any] = {}
     for name, values in samples.items():
@@ -151,7 +177,10 @@ def run(folder: Path, locomo: Path, rounds: int, baselines: dict[str, Path]) -> 
             "hit@10": score(found[name]["fused"], asked)["hit@10"],
             "hit@10, default floor": score(found[name]["default floor"], asked)["hit@10"],
             "unrelated answered": sum(bool(ids) for ids in found[name]["unrelated"]),
-            "answers as current": found[name] == reference,
+            "answers unlike current's": {
+                part: sum(a != b for a, b in zip(answers, reference[part], strict=True))
+                for part, answers in found[name].items()
+            },
         }
     for name in baselines:
         figures[name]["p50 current / this"] = round(
