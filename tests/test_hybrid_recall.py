@@ -4,6 +4,7 @@ relevance and its floor, the fusion's pure rules, the migration that refills the
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 from dataclasses import FrozenInstanceError
@@ -453,5 +454,56 @@ def test_recall_finds_by_both_legs_after_a_drain(chroma_service: MemoryService) 
             assert hit.distance is not None and hit.bm25 is not None
         assert ob.recall("banana smoothie recipe").hits == ()
         assert ob.recaller.vector_index() is ob.recaller.vector_index()  # opened once
+    finally:
+        chroma_service.close()
+
+
+def test_a_vector_index_that_cannot_be_reached_leaves_the_lexical_leg(tmp_path: Path) -> None:
+    """When the vector leg fails (no server at the URL), the answer is the lexical leg's
+    and says why."""
+    from tests.chroma_server import free_port
+
+    settings = load_settings(
+        env={},
+        home=tmp_path / ".outbox",
+        markdown_dir=tmp_path / "md",
+        sinks="chroma",
+        chroma_url=f"http://127.0.0.1:{free_port()}",
+    )
+    with Outbox.open(settings) as ob:
+        wanted = ob.add("The heron nests by the quarry.", metadata={"session_id": "a"}).key
+        ob.add("The nightly backfill moved to the spare host.", metadata={"session_id": "a"})
+        for _ in range(2):  # the first recall opens the index, the second reuses it
+            answer = ob.recall("where does the heron nest?", session_id="a")
+            assert answer.degraded == "vector index unavailable (ConnectError)"
+            assert (answer.hits[0].key, answer.hits[0].legs) == (wanted, ("lexical",))
+            assert not any("vector" in hit.legs for hit in answer.hits)
+
+
+def test_recalls_from_many_threads_answer_as_one_at_a_time(
+    chroma_service: MemoryService,
+) -> None:
+    """Concurrent recalls of one outbox share its store's pool and its Chroma connection:
+    each gets its own answer, the one it gets alone."""
+    ob = chroma_service.outbox
+    questions = [prompt for prompt, _thought, _response in TURNS] + [
+        "when does the nightly backfill run?",
+        "banana smoothie recipe",
+    ]
+    try:
+        for turn in TURNS:
+            chroma_service.add_memory(*turn, session_id="a")
+        ob.add("The nightly backfill moved to the spare host.", metadata={"session_id": "a"})
+        assert ob.drain(timeout=120).ok
+        alone = {q: ob.recall(q, session_id="a", min_relevance=0.0) for q in questions}
+        assert all(answer.degraded is None for answer in alone.values())
+        assert sum("vector" in hit.legs for a in alone.values() for hit in a.hits) >= len(TURNS)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+            asked = [q for q in questions for _ in range(4)]
+            together = list(
+                pool.map(lambda q: ob.recall(q, session_id="a", min_relevance=0.0), asked)
+            )
+        for question, answer in zip(asked, together, strict=True):
+            assert answer == alone[question], question
     finally:
         chroma_service.close()

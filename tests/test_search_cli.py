@@ -156,6 +156,28 @@ def test_the_server_embeds_a_query_as_this_process_would(store: Settings) -> Non
         backend.close()
 
 
+def test_recall_s_calls_answer_the_query_s_ids_and_distances(store: Settings) -> None:
+    """``nearest`` and ``nearest_text`` leave out the documents and metadata and nothing
+    else: the same neighbours at the same distances, with a filter and without."""
+    name = builtin_name("minilm")
+    assert name is not None
+    embedder = load_embedding("minilm")
+    backend = SharedBackend(store.chroma_path, timeout=60.0, idle=600.0)
+    collection = store.chroma_collection
+    try:
+        for query in QUERIES:
+            for where in (None, {"session_id": "a"}):
+                (vector,) = getattr(embedder, "embed_query", embedder)([query])
+                full = backend.call("query", collection, name, vector, 6, where)
+                assert len(full["ids"]) == (6 if where is None else 5) and all(full["documents"])
+                pairs = {"ids": full["ids"], "distances": full["distances"]}
+                assert backend.call("nearest", collection, name, vector, 6, where) == pairs
+                there = backend.call("nearest_text", collection, name, "minilm", query, 6, where)
+                assert there == pairs
+    finally:
+        backend.close()
+
+
 def _cli(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "outbox", *args],

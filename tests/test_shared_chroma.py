@@ -28,7 +28,16 @@ from outbox import Outbox, Settings, load_settings
 from outbox.memory_core import MemoryService
 from outbox.sinks.chroma import ChromaSink
 from outbox.sinks.chroma_local import OWNER_LOCK
-from outbox.sinks.chroma_service import ChromaServerDown, SharedServer, answers, read_state
+from outbox.sinks.chroma_service import (
+    ChromaServerDown,
+    SharedBackend,
+    SharedServer,
+    answers,
+    private_folder,
+    read_state,
+    server_key,
+)
+from outbox.sinks.embedding import builtin_name
 from tests.chroma_server import shared_server_processes, stop_shared_server, supervisors
 
 TOPICS = [
@@ -367,3 +376,66 @@ def test_a_store_whose_socket_path_is_longer_than_a_socket_address_still_works(
         assert "vector" in answer.hits[0].legs
     finally:
         stop_shared_server(settings.chroma_path)
+
+
+# -- (f) a server an older version of the library started ----------------------------------
+
+# The supervisor as a version before recall's ids-and-distances calls: it refuses them as it
+# refuses any call it does not know.
+OLDER_SERVER = """
+import sys
+from outbox.sinks import chroma_supervisor
+chroma_supervisor.OPS = chroma_supervisor.OPS - {"nearest", "nearest_text"}
+sys.exit(chroma_supervisor.main(sys.argv[1:]))
+"""
+
+
+def test_recall_asks_a_server_that_predates_its_calls_the_older_way(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """A server started by an older library keeps running after an upgrade: recall's vector
+    leg falls back to the call that server knows, gets the same neighbours, and leaves the
+    server running."""
+    settings = settings_of(env)
+    folder = settings.chroma_path
+    with Outbox.open(settings) as ob:
+        keys = [ob.add(topic, metadata={"session_id": "s"}).key for topic in TOPICS]
+    private_folder(folder)
+    server_key(folder, create=True)
+    with (tmp_path / "older.log").open("wb") as log:
+        older = subprocess.Popen(
+            [sys.executable, "-c", OLDER_SERVER, str(folder), "600"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=folder,
+            start_new_session=True,
+        )
+
+    def older_answers() -> bool:
+        found = read_state(folder)
+        return found is not None and found.pid == older.pid and answers(folder, found)
+
+    wait_for(older_answers, "the older server's first answer", 120)
+    state = read_state(folder)
+    sink = ChromaSink.from_settings(settings)
+    backend = SharedBackend(folder, timeout=60.0, idle=600.0)
+    try:
+        with Outbox.open(settings) as ob:
+            assert ob.drain(timeout=120).ok
+        with pytest.raises(RuntimeError, match="unknown operation 'nearest_text'"):
+            name = builtin_name("minilm")
+            backend.call("nearest_text", sink.collection_name, name, "minilm", "cat", 3, None)
+        for query, where in (("cat food salmon", None), ("lemon cake oven", {"session_id": "s"})):
+            full = sink.search(query, 4, where)
+            assert len(full.ids) == 4
+            assert sink.nearest(query, 4, where) == list(zip(full.ids, full.distances, strict=True))
+        with Outbox.open(settings) as ob:
+            answer = ob.recall("cat food salmon", session_id="s")
+        assert answer.degraded is None
+        assert answer.hits[0].key == keys[1] and "vector" in answer.hits[0].legs
+    finally:
+        backend.close()
+        sink.close()
+    assert read_state(folder) == state and older.poll() is None
+    stop_shared_server(folder)
+    older.wait(30)

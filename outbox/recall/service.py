@@ -201,12 +201,12 @@ class Recaller:
         """((key, distance) nearest first, why it failed): an unreachable index degrades
         recall to the lexical leg instead of failing it."""
         try:
-            hits = self.vector_index().search(query, depth, filters.chroma_where())
+            hits = self.vector_index().nearest(query, depth, filters.chroma_where())
         except Exception as exc:
             degraded = f"vector index unavailable ({exc.__class__.__name__})"
             log.warning("semantic leg of recall failed: %s", degraded)
             return [], degraded
-        return list(zip(hits.ids, hits.distances, strict=False)), None
+        return hits, None
 
     def vector_index(self) -> ChromaSink:
         """The Chroma sink recall searches, following the active index; loaded on first

@@ -397,19 +397,7 @@ class ChromaSink:
         """Semantic recall: the ``n_results`` documents nearest to ``query``. The shared
         server embeds the query itself with a built-in embedder (the same model, the same
         vector), so a process that only searches loads no model and no numpy."""
-        with self._selected() as active:
-            backend, name, _ = self._open()
-            spec = active.embedding or self.embedding
-            filters = dict(where) if where else None
-            reply = None
-            if _embeds_queries(backend) and builtin_name(spec) == name:
-                reply = self._remote_query(
-                    backend, active.collection, name, spec, query, n_results, filters
-                )
-            if reply is None:
-                reply = backend.call(
-                    "query", active.collection, name, self._query_vector(query), n_results, filters
-                )
+        reply = self._ask(("query_text",), ("query",), query, n_results, where)
         return SearchHits(
             ids=[str(i) for i in reply["ids"]],
             distances=[float(d) for d in reply["distances"]],
@@ -417,16 +405,55 @@ class ChromaSink:
             metadatas=[dict(m or {}) for m in reply["metadatas"]],
         )
 
-    def _remote_query(self, backend: Backend, *args: Any) -> dict[str, list[Any]] | None:
-        """``query_text`` on the server; None from a server an older version of the library
-        started (it knows no such call), whose query is then embedded here."""
-        try:
-            reply: dict[str, list[Any]] = backend.call("query_text", *args)
-        except RuntimeError as exc:
-            if not str(exc).startswith(UNKNOWN_OPERATION):
-                raise
-            return None
-        return reply
+    def nearest(
+        self, query: str, n_results: int = 5, where: Mapping[str, Any] | None = None
+    ) -> list[tuple[str, float]]:
+        """``search``'s (id, distance) pairs alone, nearest first: all recall's vector leg
+        reads, so Chroma fetches no documents or metadata for it."""
+        reply = self._ask(
+            ("nearest_text", "query_text"), ("nearest", "query"), query, n_results, where
+        )
+        return [(str(i), float(d)) for i, d in zip(reply["ids"], reply["distances"], strict=True)]
+
+    def _ask(
+        self,
+        text_ops: tuple[str, ...],
+        vector_ops: tuple[str, ...],
+        query: str,
+        n_results: int,
+        where: Mapping[str, Any] | None,
+    ) -> dict[str, list[Any]]:
+        """The reply of the first call of ``text_ops`` the server knows (it embeds the query
+        itself), else of ``vector_ops`` on the query's vector embedded here; a server that
+        an older version of the library started lacks the newer calls, named first."""
+        with self._selected() as active:
+            backend, name, _ = self._open()
+            spec = active.embedding or self.embedding
+            filters = dict(where) if where else None
+            if _embeds_queries(backend) and builtin_name(spec) == name:
+                texts = (active.collection, name, spec, query, n_results, filters)
+                reply = self._known(backend, text_ops, texts)
+                if reply is not None:
+                    return reply
+            vector = (active.collection, name, self._query_vector(query), n_results, filters)
+            reply = self._known(backend, vector_ops[:-1], vector)
+            return reply if reply is not None else backend.call(vector_ops[-1], *vector)
+
+    def _known(
+        self, backend: Backend, ops: tuple[str, ...], args: tuple[Any, ...]
+    ) -> dict[str, list[Any]] | None:
+        """The reply of the first of ``ops`` the backend knows; None when it knows none (an
+        older server's refusal costs a round trip, and is asked again next time: the server
+        may have been replaced by a newer one since)."""
+        for op in ops:
+            try:
+                reply: dict[str, list[Any]] = backend.call(op, *args)
+            except RuntimeError as exc:
+                if not str(exc).startswith(UNKNOWN_OPERATION):
+                    raise
+                continue
+            return reply
+        return None
 
     def _query_vector(self, query: str) -> Any:
         import numpy as np

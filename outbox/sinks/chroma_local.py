@@ -40,7 +40,9 @@ from outbox.core.states import FailureReason
 from outbox.sinks.base import Transient
 
 OWNER_LOCK = "outbox-owner.lock"
-OPS = frozenset({"open", "upsert", "query", "query_text", "count", "drop", "delete"})
+OPS = frozenset(
+    {"open", "upsert", "query", "query_text", "nearest", "nearest_text", "count", "drop", "delete"}
+)
 # How a Chroma process refuses a call it does not know (one an older version started).
 UNKNOWN_OPERATION = "unknown operation"
 # The sink's own bound comes a little after the dispatcher's, which normally fires first.

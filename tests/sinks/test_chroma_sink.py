@@ -214,8 +214,12 @@ def test_paraphrase_finds_the_right_memory(tmp_path: Path) -> None:
             assert hits.documents[0] == MEMORIES[expected]
             assert hits.distances[0] < hits.distances[1]
             assert hits.metadatas[0]["importance"] in (4, 8)
+            assert sink.nearest(query, 3) == list(zip(hits.ids, hits.distances, strict=True))
         important = sink.search("When may we ship a new version to prod?", 8, {"importance": 8})
         assert set(important.ids) == {keys["release"], keys["secrets"]}
+        assert sink.nearest("When may we ship a new version to prod?", 8, {"importance": 8}) == [
+            *zip(important.ids, important.distances, strict=True)
+        ]
         epoch = important.metadatas[0]["timestamp_epoch"]
         later = sink.search("deploys", 8, {"timestamp_epoch": {"$gt": epoch + 3600}})
         assert later.ids == []
