@@ -307,6 +307,48 @@ def test_add_many_is_one_transaction_with_per_item_receipts(outbox: Outbox) -> N
     assert outbox.verify().ok
 
 
+def test_add_many_past_one_statements_rows_writes_every_row_of_every_record(
+    tmp_path: Path,
+) -> None:
+    """The SQLite write path inserts a group's rows with multi-row statements of at most
+    ``CHUNK`` rows; a group of more records than that, with two sinks (twice the delivery
+    rows) and repeats, still writes each new record's node, edge, search entry and
+    deliveries, once."""
+    from outbox.store.sqlite_writes import CHUNK
+
+    settings = load_settings(
+        env={},
+        home=tmp_path / ".outbox",
+        markdown_dir=tmp_path / "md",
+        sinks=f"{FAULTY},outbox.testing.sinks:NoopSink",
+    )
+    count = CHUNK + 37
+    items = [
+        {"content": f"bulk memory number {number}", "timestamp": TS} for number in range(count)
+    ]
+    with Outbox.open(settings) as ob:
+        receipts = ob.add_many([*items, items[3], items[CHUNK + 1]])
+        assert [receipt.duplicate for receipt in receipts] == [False] * count + [True, True]
+        keys = {receipt.key for receipt in receipts}
+        assert len(keys) == count
+        with ob.engine.connect() as conn:
+            node_ids = set(conn.execute(select(graph_nodes.c.id)).scalars())
+            edge_targets = conn.execute(
+                select(graph_edges.c.target).where(graph_edges.c.source == "frontier")
+            ).scalars()
+            delivered = conn.execute(select(deliveries.c.record_key, deliveries.c.sink)).all()
+            searchable = conn.exec_driver_sql(
+                "SELECT r.key FROM records_fts JOIN records r ON r.seq = records_fts.rowid "
+                "WHERE records_fts MATCH 'bulk'"
+            ).scalars()
+            assert node_ids - {"frontier"} == keys
+            assert sorted(edge_targets) == sorted(keys)
+            assert sorted(searchable) == sorted(keys)
+        assert len(delivered) == 2 * count
+        assert {key for key, _ in delivered} == keys
+        assert ob.verify().ok
+
+
 def test_enqueue_commits_and_rolls_back_with_the_callers_transaction(outbox: Outbox) -> None:
     class Abort(Exception):
         pass
