@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Table
 
+from outbox import Outbox
 from outbox.store.schema import deliveries, graph_edges, graph_nodes, records
 from outbox.store.sqlite_writes import (
     DELIVERY_COLUMNS,
     EDGE_COLUMNS,
     NODE_COLUMNS,
     RECORD_COLUMNS,
+    WAL_AUTOCHECKPOINT_PAGES,
     sqlite_file,
 )
 
@@ -54,3 +56,22 @@ def test_only_a_plain_sqlite_file_url_is_written_on_the_bare_driver(
     url: str, path: Path | None
 ) -> None:
     assert sqlite_file(url) == path
+
+
+def test_a_writer_lets_the_wal_grow_past_sqlites_default_and_no_further_than_its_own_bound(
+    outbox: Outbox,
+) -> None:
+    """Writers checkpoint at ``WAL_AUTOCHECKPOINT_PAGES``, not SQLite's 1,000 pages: the WAL
+    grows well past the default, and stops near the bound (a checkpoint resets it, and the
+    file keeps its size), however much more is written."""
+    path = sqlite_file(outbox.settings.db_url)
+    assert path is not None
+    wal = path.with_name(path.name + "-wal")
+    page = 4096 + 24  # a frame: the page and its header
+    largest = 0
+    for batch in range(40):
+        outbox.add_many([f"memory {batch}-{number} of a growing store" for number in range(200)])
+        largest = max(largest, wal.stat().st_size // page)
+    assert largest > 2 * 1_000  # the default would have reset it at 1,000 pages
+    # 8,000 records dirty far more pages than the bound: only checkpoints keep it there.
+    assert largest < WAL_AUTOCHECKPOINT_PAGES + 2_000
