@@ -46,7 +46,7 @@ INDEXES = {
     "ix_records_markdown_name": "a file's record found by name (fallback import, verify)",
     "ix_graph_nodes_label_ts": "recent memories by label (recall's recent leg, browse)",
     "ix_graph_nodes_session_ts": "a session's memories in order (session filters)",
-    "ix_graph_edges_target": "the edges into a node (graph reads, forget's cascade)",
+    "ix_graph_edges_source": "the edges out of a node (graph reads, forget's cascade)",
     "ix_deliveries_due": "claim: the due rows of a sink",
     "ix_deliveries_sink_state_created": "the oldest undelivered row per sink (visibility)",
     "ix_deliveries_mirror_pending": "outcomes still to mirror (partial: empty for a write)",

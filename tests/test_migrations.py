@@ -171,3 +171,55 @@ def test_an_up_to_date_database_opens_without_importing_alembic(
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_a_store_written_before_0009_keeps_its_edges_and_looks_them_up_by_target(
+    tmp_path: Path,
+) -> None:
+    """0009 rebuilds the edge table on SQLite: every edge of a store written at 0008 is there
+    afterwards, a look-up by target uses the new key (no index of the target's own is left),
+    and forget's cascade still removes a memory's edge."""
+    db = tmp_path / "old.db"
+    settings = load_settings(
+        env={},
+        db_url=f"sqlite:///{db}",
+        home=tmp_path / "h",
+        markdown_dir=tmp_path / "m",
+        sinks=FAULTY,
+    )
+    with Outbox.open(settings) as ob:
+        keys = [receipt.key for receipt in ob.add_many([f"edge {n}" for n in range(50)])]
+    assert run_alembic("downgrade", "0008", db=db).returncode == 0
+    engine = create_engine(f"sqlite:///{db}")
+    with engine.connect() as conn:
+        indexes = {row[0] for row in conn.execute(text("SELECT name FROM sqlite_master"))}
+    engine.dispose()
+    assert "ix_graph_edges_target" in indexes  # the downgrade put 0008's layout back
+
+    with Outbox.open(settings) as ob:  # the open upgrades
+        with ob.engine.connect() as conn:
+            edges = conn.execute(
+                text("SELECT source, target, type FROM graph_edges WHERE target != 'frontier'")
+            ).all()
+            plan = " ".join(
+                str(row[-1])
+                for row in conn.execute(
+                    text("EXPLAIN QUERY PLAN SELECT id FROM graph_edges WHERE target = :t"),
+                    {"t": keys[0]},
+                )
+            )
+            version = conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one()
+            now = {row[0] for row in conn.execute(text("SELECT name FROM sqlite_master"))}
+        assert version == SCHEMA_REVISION
+        assert sorted(edges) == sorted(("frontier", key, "SPAWNED_MEMORY") for key in keys)
+        assert "ix_graph_edges_source" in now
+        assert "ix_graph_edges_target" not in now
+        # The unique key answers it (SQLite names it sqlite_autoindex_...), not a scan.
+        assert "SEARCH" in plan and "autoindex" in plan and "(target=?)" in plan
+        assert ob.forget(keys[0]) is not None
+        with ob.engine.connect() as conn:
+            left = conn.execute(
+                text("SELECT count(*) FROM graph_edges WHERE target = :t"), {"t": keys[0]}
+            ).scalar_one()
+        assert left == 0
+        assert ob.verify().ok

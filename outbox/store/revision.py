@@ -4,4 +4,4 @@ Apart from the tables (``schema.py``) so that what only compares it, the open's 
 loading Alembic and ``outbox add``'s direct write, need not import SQLAlchemy.
 """
 
-SCHEMA_REVISION = "0008"
+SCHEMA_REVISION = "0009"

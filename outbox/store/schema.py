@@ -83,9 +83,11 @@ graph_edges = Table(
     Column("type", String(64), nullable=False),
     Column("weight", Float, nullable=False),
     Column("properties", JSON, nullable=False),
-    UniqueConstraint("source", "target", "type", name="uq_graph_edges_source_target_type"),
+    # Led by the target: a memory's edge comes from the frontier, so only this key is ordered
+    # by the memory's hash, and the source's index only appends (migration 0009).
+    UniqueConstraint("target", "source", "type", name="uq_graph_edges_target_source_type"),
 )
-Index("ix_graph_edges_target", graph_edges.c.target)
+Index("ix_graph_edges_source", graph_edges.c.source)
 
 deliveries = Table(
     "deliveries",
