@@ -23,13 +23,6 @@ from outbox.store.rows import NewRows, StoredRecord, new_rows, row_to_record
 # Keys per ``IN (...)`` list and records per multi-row INSERT: well below SQLite's limit on
 # bound parameters (32,766) for every table's row.
 CHUNK = 500
-# WAL pages a writer's commit lets pile up before it checkpoints (SQLite's default: 1,000).
-# A batch of records dirties a random leaf of every index keyed by the record's hash, so a
-# commit of 100 records writes hundreds of pages and the default checkpointed every few
-# commits, copying the same leaves again and again: add_many of 100 into a store of 30,000
-# records made 0.93x persist-queue's single-writer rate with 1,000, 1.09-1.14x with 10,000.
-# The cost: a WAL file of up to 40 MB and a rarer, longer checkpoint in some commit.
-WAL_AUTOCHECKPOINT_PAGES = 10_000
 
 RECORD_COLUMNS = (
     "key",
@@ -94,9 +87,10 @@ def apply_discipline(
     conn: sqlite3.Connection, *, busy_ms: int, synchronous: str, writer: bool
 ) -> None:
     """What every connection to the store gets: WAL, the chosen ``synchronous``, the busy
-    timeout, foreign keys; a reader is also made read-only, a writer checkpoints at
-    ``WAL_AUTOCHECKPOINT_PAGES``. Transactions are ours to begin (``isolation_level = None``),
-    so a writer's ``BEGIN IMMEDIATE`` is the one that runs."""
+    timeout, foreign keys; a reader is also made read-only. Writers keep SQLite's checkpoint
+    bound (1,000 pages): 10,000 was measured and not kept (docs/configuration.md, the WAL).
+    Transactions are ours to begin (``isolation_level = None``), so a writer's
+    ``BEGIN IMMEDIATE`` is the one that runs."""
     conn.isolation_level = None
     cursor = conn.cursor()
     try:
@@ -106,9 +100,7 @@ def apply_discipline(
             cursor.execute("PRAGMA journal_mode = WAL")
         cursor.execute(f"PRAGMA synchronous = {synchronous}")
         cursor.execute("PRAGMA foreign_keys = ON")
-        if writer:
-            cursor.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}")
-        else:
+        if not writer:
             cursor.execute("PRAGMA query_only = ON")
     finally:
         cursor.close()
