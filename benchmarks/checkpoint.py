@@ -4,11 +4,12 @@ at FULL: what the larger bound buys a bulk writer, and what it does to a single 
 
 Two measures, as a user meets them: ``add_many`` of 100 into a store that grows (records per
 second until the files are written, per step of the store's size), and single ``add`` calls
-(median, p99, p99.9 and the slowest, where a checkpoint lands on one commit). The default
-contender is the library as it is; the other sets ``PRAGMA wal_autocheckpoint`` on its
-writer's connection. Not the whole story: the larger bound also pushed ``add`` beside a
-backfill and at a million records (``benchmarks.backfill_modes``, ``benchmarks.scale`` on a
-build that had it; docs/benchmarks.md, bulk writes), which is why the library does not set it.
+(median, p99, p99.9 and the slowest, where a checkpoint lands on one commit). Both
+contenders are the library as it is, each with ``PRAGMA wal_autocheckpoint`` set (and read
+back) on its writer's connection: 1,000 and ``--pages``. Not the whole story: the larger
+bound also pushed ``add`` beside a backfill and at a million records
+(``benchmarks.backfill_modes``, ``benchmarks.scale`` on a build that had it;
+docs/benchmarks.md, bulk writes), which is why the library does not set it.
 
 ``python -m benchmarks.checkpoint`` prints both tables and writes ``results/checkpoint.json``.
 """
@@ -56,8 +57,8 @@ def batches(folder: Path, records: int, step: int, pages: int) -> dict[str, list
     each store holds ``records``: records per second of each step, files included."""
     texts = memories(500, seed=31)
     stores = {
-        name: _outbox(folder / f"batches-{pages}", pages)
-        for name, pages in (
+        name: _outbox(folder / f"batches-{bound}", bound)
+        for name, bound in (
             ("default", SQLITE_DEFAULT_PAGES),
             ("larger", pages),
         )
